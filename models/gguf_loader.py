@@ -1,0 +1,213 @@
+"""Read a GGUF file (llama.cpp's format): config, dequantized weights, tokenizer, chat template.
+
+Dequantizing and parsing the vocabulary take a few seconds, so the first load writes a
+converted copy (safetensors weights + tokenizer.json + meta.json) into `converted_dir`, and
+later loads map that copy instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .errors import ModelError
+from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
+
+CONVERTED_FORMAT = 1
+
+# GGUF tensor names -> ours (per-layer names have N for the layer index).
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_SUPPORTED_ARCHS = {"llama"}
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _config_from_metadata(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in _SUPPORTED_ARCHS:
+        raise ModelError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(_SUPPORTED_ARCHS))})")
+
+    def key(name, default=None):
+        return _field(reader, f"{arch}.{name}", default)
+
+    n_heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    vocab = key("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(key("attention.head_count_kv", n_heads)),
+        head_dim=int(key("attention.key_length", hidden // n_heads)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(key("context_length", 4096)),
+        tie_word_embeddings=not has_output,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo the row order llama.cpp's converter gives Llama's q/k weights (for interleaved RoPE)."""
+    out, cols = w.shape
+    return w.reshape(n_heads, out // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(out, cols)
+
+
+def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
+    weights = {}
+    for t in reader.tensors:
+        if t.name in _GLOBAL_NAMES:
+            name = _GLOBAL_NAMES[t.name]
+        elif m := re.fullmatch(r"blk\.(\d+)\.(.+)", t.name):
+            if m.group(2) not in _LAYER_NAMES:
+                name = t.name  # reported as unexpected by load_state
+            else:
+                name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+        else:
+            name = t.name
+        try:
+            w = dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ModelError(f"GGUF tensor {t.name} has type {t.tensor_type.name}, which msa cannot read") from None
+        # a copy: F32 tensors come back as read-only views of the mapped file
+        w = np.array(w, dtype=np.float32).reshape([int(s) for s in reversed(t.shape)])
+        if name.endswith("self_attn.q_proj.weight"):
+            w = _unpermute(w, config.num_attention_heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            w = _unpermute(w, config.num_key_value_heads)
+        weights[name] = torch.from_numpy(w)
+    return weights
+
+
+def _tokenizer_from_metadata(reader) -> tuple[str, str, list[int]]:
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelError(f"GGUF tokenizer {model!r} is not supported (supported: gpt2 byte-level BPE)")
+    tok = tokenizer_from_gguf_vocab(
+        tokens=_field(reader, "tokenizer.ggml.tokens"),
+        merges=_field(reader, "tokenizer.ggml.merges") or [],
+        token_types=_field(reader, "tokenizer.ggml.token_type") or [],
+        pre=_field(reader, "tokenizer.ggml.pre", "default"),
+    )
+    template = _field(reader, "tokenizer.chat_template")
+    if not template:
+        raise ModelError("the GGUF file has no chat template (tokenizer.chat_template)")
+    eos = [int(_field(reader, "tokenizer.ggml.eos_token_id"))]
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos:
+        eos.append(int(eot))
+    return tok.to_str(), template, eos
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _convert(path: Path, digest: str, out: Path) -> None:
+    from gguf import GGUFReader
+    from safetensors.torch import save_file
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # the gguf library raises ValueError, struct errors, ...
+        raise ModelError(f"{path} is not a readable GGUF file ({e})") from None
+    config = _config_from_metadata(reader)
+    weights = _weights_from_tensors(reader, config)
+    tokenizer_json, template, eos = _tokenizer_from_metadata(reader)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / "model.safetensors", lambda p: save_file(weights, str(p)))
+    _write_atomic(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
+    meta = {"format": CONVERTED_FORMAT, "digest": digest, "source": str(path),
+            "config": config.to_dict(), "chat_template": template, "eos_ids": eos,
+            "name": _field(reader, "general.name", path.stem)}
+    # meta.json last: its presence says the copy is complete.
+    _write_atomic(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
+
+
+def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None) -> Checkpoint:
+    """Load a GGUF model, through a converted copy under `converted_root` when one is given."""
+    import tempfile
+
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    digest = file_digest(path)
+    tmp = None
+    if converted_root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="msa-model-")
+        out = Path(tmp.name)
+    else:
+        out = Path(converted_root) / digest[:32]
+    try:
+        meta_path = out / "meta.json"
+        meta = None
+        if meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                meta = None
+        if not meta or meta.get("format") != CONVERTED_FORMAT or meta.get("digest") != digest:
+            _convert(path, digest, out)
+            meta = json.loads(meta_path.read_text())
+        config = ModelConfig.from_dict(meta["config"])
+        weights = load_file(str(out / "model.safetensors"))
+        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+        vocab = tok.get_vocab(with_added_tokens=True)
+        inv = {i: t for t, i in vocab.items()}
+        template = ChatTemplate(meta["chat_template"], bos_token=inv.get(config.bos_token_id, ""),
+                                eos_token=inv.get(meta["eos_ids"][0], ""))
+        return Checkpoint(name=name or meta["name"], config=config, weights=weights,
+                          tokenizer=TextTokenizer(tok, template, meta["eos_ids"]),
+                          digest=digest, source=str(path))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

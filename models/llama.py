@@ -1,0 +1,112 @@
+"""A Llama-family decoder (SmolLM2, Llama 3): GQA attention, SwiGLU MLP, RMSNorm, RoPE."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import RMSNorm, RotaryEmbedding, apply_rope
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
+    """Causal GQA attention of new queries over every cached token.
+
+    q: [Hq, Tq, D] at positions q_start..q_start+Tq-1; k, v: [Hkv, T, D] with T = q_start+Tq.
+    Returns [Hq, Tq, D].
+    """
+    hq, tq, d = q.shape
+    hkv, t, _ = k.shape
+    g = hq // hkv
+    # Fold the G query heads of a KV group into the query axis: one matmul per KV head.
+    qg = q.reshape(hkv, g * tq, d)                                     # [Hkv, G*Tq, D]
+    if tq == 1:
+        out = F.scaled_dot_product_attention(qg, k, v)                # every cached token is visible
+    else:
+        qpos = torch.arange(q_start, q_start + tq).repeat(g)          # [G*Tq]
+        mask = torch.arange(t)[None, :] <= qpos[:, None]              # [G*Tq, T]
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    return out.reshape(hq, tq, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        d = self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int) -> torch.Tensor:
+        t = x.shape[0]
+        d = self.head_dim
+        q = self.q_proj(x).view(t, self.n_heads, d).transpose(0, 1)        # q: [Hq, T, D]
+        k = self.k_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)     # k: [Hkv, T, D]
+        v = self.v_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = cache.write(layer, k, v)                            # [Hkv, q_start+T, D]
+        out = dense_attention(q, keys, values, q_start)                    # [Hq, T, D]
+        return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache, layer, q_start):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, q_start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        return KVCache.for_model(self.config, dtype=self.embed_tokens.weight.dtype, capacity=capacity)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:
+        """Run `tokens` [T] after the `cache.length` tokens already cached.
+
+        Returns logits [T, vocab] with `all_logits`, else only the last token's [vocab]
+        (prefill then skips the large vocabulary projection for every other token).
+        """
+        start = cache.length
+        positions = torch.arange(start, start + tokens.shape[0])
+        cos, sin = self.rope.cos_sin(positions)
+        x = self.embed_tokens(tokens)                                      # [T, hidden]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, start)
+        cache.advance(tokens.shape[0])
+        x = x if all_logits else x[-1]
+        return self.lm_head(self.norm(x)).float()

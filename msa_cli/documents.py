@@ -1,0 +1,53 @@
+"""Read a document from a path or stdin, refusing what is not readable text."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from dataclasses import dataclass
+
+from msa_models.errors import InputError
+
+_SNIFF = 8192
+
+
+@dataclass
+class Document:
+    name: str   # the path as given, or "-" for stdin
+    text: str
+
+
+def _decode(data: bytes, name: str) -> str:
+    if b"\x00" in data[:_SNIFF]:
+        raise InputError(f"{name}: looks like a binary file, not text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{name}: not UTF-8 text (invalid byte at offset {e.start})") from None
+    if not text.strip():
+        raise InputError(f"{name}: is empty")
+    return text
+
+
+def read_document(path: str) -> Document:
+    if path == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("-: expected a document on stdin (pipe one in, e.g. `cat file | msa ask - ...`)")
+        return Document("-", _decode(sys.stdin.buffer.read(), "stdin"))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{path}: is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    return Document(path, _decode(data, path))

@@ -1,0 +1,55 @@
+"""The one place where errors become a one-line message and an exit code.
+
+Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, 4 model missing or unknown,
+5 input too long for the model or out of memory, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import typer
+import typer.exceptions
+
+from msa_models.errors import MsaError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
+    "4 model missing or unknown, 5 input too long or out of memory, 130 interrupted."
+)
+
+
+def _say(message: str) -> None:
+    sys.stdout.flush()
+    print(f"msa: error: {message}", file=sys.stderr, flush=True)
+
+
+def reports_errors(fn):
+    """Wrap a command so the library's errors end it with one line on stderr and their exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException, SystemExit):  # usage errors: exit 2
+            raise
+        except MsaError as e:
+            _say(str(e))
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            print("", file=sys.stderr)
+            _say("interrupted")
+            raise typer.Exit(130) from None
+        except MemoryError:
+            _say("out of memory: try a shorter input or fewer --max-tokens")
+            raise typer.Exit(5) from None
+        except BrokenPipeError:
+            # the reader of our stdout went away (e.g. `msa ask ... | head -1`): not an error
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence, still one line
+            _say(f"internal error: {type(e).__name__}: {e} (please report this)")
+            raise typer.Exit(1) from None
+
+    return wrapper

@@ -1,0 +1,49 @@
+"""Loading a model for a command: threads, converted copies in the cache directory."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .paths import cache_dir, converted_models_dir
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int | None) -> int:
+    import torch
+
+    n = threads or available_cores()
+    torch.set_num_threads(n)
+    return n
+
+
+# Models already loaded in this process, by --model value: a process that runs several commands
+# (the test suite, a server) loads each model once. Weights are never modified after loading.
+_loaded: dict = {}
+
+
+def load(model: str, *, cache: str | None = None):
+    """Load `model`; returns (LoadedModel, seconds)."""
+    from msa_models import load_model
+
+    start = time.perf_counter()
+    if model not in _loaded:
+        root = _writable_or_none(converted_models_dir(cache_dir(cache)))
+        _loaded[model] = load_model(model, converted_root=root)
+    return _loaded[model], time.perf_counter() - start
+
+
+def _writable_or_none(path: Path) -> Path | None:
+    """Keep converted model copies only where we may write; otherwise convert in memory each time."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if os.access(path, os.W_OK) else None

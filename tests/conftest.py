@@ -1,0 +1,70 @@
+"""Shared fixtures: an isolated home per test, and the real embedded model loaded once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+EMBEDDED = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def converted_models(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("converted-models")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch, converted_models):
+    """Every test gets its own home and XDG directories; converted model copies are shared."""
+    home = tmp_path / "home"
+    for var, sub in [("HOME", ""), ("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
+                     ("XDG_CONFIG_HOME", ".config")]:
+        (home / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(home / sub))
+    for var in list(os.environ):
+        if var.startswith("MSA_"):
+            monkeypatch.delenv(var)
+    (home / ".cache" / "msa").mkdir(parents=True)
+    (home / ".cache" / "msa" / "models").symlink_to(converted_models, target_is_directory=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def embedded(converted_models):
+    """The real embedded model, loaded once; CLI commands in this process reuse it."""
+    from msa_cli import runtime
+
+    loaded, _ = runtime.load(EMBEDDED, cache=str(converted_models.parent))
+    torch.set_num_threads(os.cpu_count() or 1)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf() -> Path:
+    from msa_models.registry import KNOWN_MODELS, packaged_file
+
+    return packaged_file(KNOWN_MODELS[EMBEDDED])
+
+
+@pytest.fixture(scope="session")
+def hf_reference(embedded_gguf):
+    """Hugging Face transformers loading the same GGUF file: the independent reference."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    folder, name = str(embedded_gguf.parent), embedded_gguf.name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0, what: str = ""):
+    """Like torch.testing.assert_close, but reports max abs/rel error and fails on NaN."""
+    actual, expected = actual.float(), expected.float()
+    assert not torch.isnan(actual).any(), f"{what}: NaN in result"
+    diff = (actual - expected).abs()
+    rel = diff / expected.abs().clamp_min(1e-12)
+    ok = (diff <= atol + rtol * expected.abs()).all()
+    assert ok, f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} (atol {atol}, rtol {rtol})"
