@@ -81,6 +81,33 @@ class KVCache:
         end = min(start + self.block_size, self.length)
         return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
+    def export_block(self, index: int) -> dict[str, torch.Tensor]:
+        """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B)."""
+        start = index * self.block_size
+        end = min(start + self.block_size, self.length)
+        if start >= end:
+            raise IndexError(f"block {index} is past the {self.length} cached tokens")
+        return {
+            "k": torch.stack([k[:, start:end] for k in self.k]),
+            "v": torch.stack([v[:, start:end] for v in self.v]),
+        }
+
+    def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
+        """Put a block made by `export_block` back at `index`; it must continue the cached tokens."""
+        start = index * self.block_size
+        if start != self.length:
+            raise ValueError(f"block {index} starts at token {start}, but {self.length} tokens are cached")
+        k, v = block["k"], block["v"]
+        expected = (self.n_layers, self.n_kv_heads, k.shape[2], self.head_dim)
+        if tuple(k.shape) != expected or tuple(v.shape) != expected or k.shape[2] > self.block_size:
+            raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
+        n = k.shape[2]
+        self.reserve(start + n)
+        for layer in range(self.n_layers):
+            self.k[layer][:, start:start + n] = k[layer]
+            self.v[layer][:, start:start + n] = v[layer]
+        self.length += n
+
     def nbytes(self) -> int:
         per_token = 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k[0].element_size()
         return per_token * self.length

@@ -58,3 +58,20 @@ def test_cache_grows_in_whole_blocks_and_keeps_contents():
     assert cache.length == 20 and cache.n_full_blocks == 1
     with pytest.raises(IndexError):
         cache.block(0, 2)
+
+
+def test_exported_blocks_rebuild_the_same_cache():
+    model = tiny_model()
+    tokens = torch.randint(0, model.config.vocab_size, (40,))
+    cache = model.new_cache()
+    model(tokens, cache)
+    blocks = [cache.export_block(b) for b in range(3)]           # 16 + 16 + 8 tokens
+    assert blocks[2]["k"].shape == (2, 2, 8, model.config.head_dim)
+    rebuilt = model.new_cache()
+    for b, block in enumerate(blocks):
+        rebuilt.import_block(b, block)
+    assert rebuilt.length == 40
+    nxt = torch.tensor([5])
+    assert_close(model(nxt, rebuilt), model(nxt, cache), atol=0, what="after import")
+    with pytest.raises(ValueError):
+        rebuilt.import_block(1, blocks[1])

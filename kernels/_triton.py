@@ -1,0 +1,48 @@
+"""Turn plain kernel functions into Triton kernels at their first launch.
+
+`triton.jit` decides at decoration time whether a kernel is compiled for the GPU or run by
+Triton's CPU interpreter (TRITON_INTERPRET=1). Decorating at launch time instead, once per
+mode, lets one process (a test session) set the variable after importing this package, and
+keeps `import msa_kernels` working where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_kernel(fn: Callable):
+    """The Triton kernel of `fn` for the current TRITON_INTERPRET mode (cached)."""
+    return _jit(fn, interpreting())
+
+
+@functools.cache
+def _jit(fn: Callable, interpret: bool):
+    import triton  # Triton's knob reads TRITON_INTERPRET now, as `interpret` did
+
+    return triton.jit(fn)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def dot_dtype(dtype):
+    """The dtype a kernel feeds to tl.dot for inputs of torch `dtype`.
+
+    bf16 tiles go to the tensor cores as bf16 (fp32 accumulate). Under the interpreter they
+    are widened to fp32 first: Triton 3.9's interpreter stores bf16 as uint16 and its
+    tl.dot multiplies those integers, so a bf16 dot there returns garbage.
+    """
+    import torch
+    import triton.language as tl
+
+    if dtype == torch.float32 or interpreting():
+        return tl.float32
+    return tl.bfloat16

@@ -1,0 +1,75 @@
+"""Dense causal attention with GQA: the oracle of the sparse ops and the model's dense path.
+
+Decode: q [Hq, D] is the token at position T-1 and reads all T keys. Chunked prefill:
+q [Hq, Tq, D] holds positions q_start .. q_start+Tq-1 (default q_start = T - Tq) and
+query t reads keys at positions <= q_start + t.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_kv, check_query, choose_impl, default_scale
+from .masked_attention import causal_mask, masked_attention_reference
+
+
+def dense_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_start: int | None = None,
+    scale: float | None = None,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """Causal softmax attention over the whole cache; returns o like q, in q's dtype.
+
+    impl "reference" is the fp32 definition; "cpu" (also chosen for CUDA tensors) is
+    torch's scaled_dot_product_attention with the G query heads of a KV group folded into
+    the query axis, so K and V are never repeated. There is no Triton dense kernel.
+    """
+    n_kv_heads, n_tokens, head_dim = check_kv(k, v)
+    check_query(q, n_kv_heads, head_dim, dims=(2, 3), kv_dtype=k.dtype)
+    decode = q.dim() == 2
+    q3 = q.unsqueeze(1) if decode else q  # [Hq, Tq, D]
+    n_queries = q3.shape[1]
+    if decode:
+        q_start = n_tokens - 1
+    elif q_start is None:
+        q_start = n_tokens - n_queries
+    if q_start < 0 or q_start + n_queries > n_tokens or n_queries == 0:
+        raise ValueError(f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens")
+    scale = default_scale(scale, head_dim)
+    impl = choose_impl(impl, q, k, v)
+    if impl == "reference":
+        o, _ = dense_attention_reference(q3, q_start, k, v, scale)
+    else:
+        o = dense_attention_sdpa(q3, q_start, k, v, scale)
+    o = o.to(q.dtype)
+    return o.squeeze(1) if decode else o
+
+
+def dense_attention_reference(
+    q: torch.Tensor, q_start: int, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [Hq, Tq, D] at q_start..; returns fp32 o [Hq, Tq, D] and lse [Hq, Tq]."""
+    n_kv_heads, n_tokens, _ = k.shape
+    positions = q_start + torch.arange(q.shape[1], device=q.device)
+    allowed = causal_mask(positions, n_tokens).expand(n_kv_heads, -1, -1)  # [Hkv, Tq, T]
+    return masked_attention_reference(q, k, v, allowed, scale)
+
+
+def dense_attention_sdpa(q: torch.Tensor, q_start: int, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [Hq, Tq, D]; returns [Hq, Tq, D] in q's dtype."""
+    n_q_heads, n_queries, head_dim = q.shape
+    n_kv_heads, n_tokens, _ = k.shape
+    group = n_q_heads // n_kv_heads
+    folded = q.reshape(n_kv_heads, group * n_queries, head_dim)  # [Hkv, G*Tq, D], rows (g, t)
+    if q_start + n_queries == n_tokens and n_queries == 1:
+        mask = None  # decode: the query sees every key
+    else:
+        positions = q_start + torch.arange(n_queries, device=q.device)
+        mask = causal_mask(positions, n_tokens).repeat(group, 1)  # [G*Tq, T]
+    o = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)  # [Hkv, G*Tq, D]
+    return o.view(n_q_heads, n_queries, head_dim)
