@@ -7,29 +7,36 @@ Keys are stored after RoPE, at their true positions.
 
 Storage per layer is `[Hkv, capacity, D]` with `capacity` a multiple of `block_size`, so
 block `b` is the token range `[b*B, (b+1)*B)`: the unit that sparse attention selects, the
-disk prefix cache stores and source passages cite.
+disk prefix cache stores and source passages cite. Each full block also keeps a summary of
+its keys (per-channel min and max, fp32), computed once, from which MSA scores blocks.
+
+The cache also carries the `AttentionSettings` its keys and values were computed under:
+they change K/V (from the second layer on), so they are part of what identifies a cache.
 """
 
 from __future__ import annotations
 
 import torch
 
+from msa_kernels import block_summaries
+
+from .attention_settings import AttentionSettings
+
 
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, block_size: int = 64,
-                 dtype: torch.dtype = torch.float32, capacity: int = 0):
+                 dtype: torch.dtype = torch.float32, capacity: int = 0,
+                 settings: AttentionSettings | None = None):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.block_size = block_size
         self.dtype = dtype
+        self.settings = settings or AttentionSettings()
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
         self.k = [torch.zeros(n_kv_heads, cap, head_dim, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.zeros(n_kv_heads, cap, head_dim, dtype=dtype) for _ in range(n_layers)]
-
-    @classmethod
-    def for_model(cls, config, *, dtype: torch.dtype = torch.float32, capacity: int = 0) -> "KVCache":
-        return cls(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                   block_size=config.kv_block_size, dtype=dtype, capacity=capacity)
+        self.summaries = [torch.zeros(n_kv_heads, cap // block_size, 2, head_dim) for _ in range(n_layers)]
+        self.n_summarized = [0] * n_layers
 
     def _round_up(self, n: int) -> int:
         b = self.block_size
@@ -53,6 +60,10 @@ class KVCache:
                 grown = torch.zeros(self.n_kv_heads, cap, self.head_dim, dtype=self.dtype)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
+        for i, s in enumerate(self.summaries):
+            grown = torch.zeros(self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
+            grown[:, : self.n_summarized[i]] = s[:, : self.n_summarized[i]]
+            self.summaries[i] = grown
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D]."""
@@ -64,6 +75,17 @@ class KVCache:
         self.v[layer][:, self.length:end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]
 
+    def block_summaries(self, layer: int, n_tokens: int) -> torch.Tensor:
+        """Key summaries [Hkv, n_full, 2, D] of the full blocks among the first `n_tokens`,
+        computing those not yet summarized (keys of those tokens must be written)."""
+        n_full = n_tokens // self.block_size
+        done = self.n_summarized[layer]
+        if n_full > done:
+            keys = self.k[layer][:, : n_full * self.block_size]
+            self.summaries[layer][:, done:n_full] = block_summaries(keys, self.block_size, "minmax", first_block=done)
+            self.n_summarized[layer] = n_full
+        return self.summaries[layer][:, :n_full]
+
     def advance(self, n: int) -> None:
         self.length += n
 
@@ -72,6 +94,7 @@ class KVCache:
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
         self.length = n
+        self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
 
     def block(self, layer: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of block `index` of `layer`: [Hkv, <=B, D] (the last block may be partial)."""
@@ -82,15 +105,19 @@ class KVCache:
         return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
-        """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B)."""
+        """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
+        and for a full block its key summaries [L, Hkv, 2, D]."""
         start = index * self.block_size
         end = min(start + self.block_size, self.length)
         if start >= end:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")
-        return {
+        block = {
             "k": torch.stack([k[:, start:end] for k in self.k]),
             "v": torch.stack([v[:, start:end] for v in self.v]),
         }
+        if end - start == self.block_size:
+            block["summaries"] = torch.stack([self.block_summaries(i, end)[:, index] for i in range(self.n_layers)])
+        return block
 
     def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
         """Put a block made by `export_block` back at `index`; it must continue the cached tokens."""
@@ -103,9 +130,13 @@ class KVCache:
             raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
         n = k.shape[2]
         self.reserve(start + n)
+        summaries = block.get("summaries")
         for layer in range(self.n_layers):
             self.k[layer][:, start:start + n] = k[layer]
             self.v[layer][:, start:start + n] = v[layer]
+            if summaries is not None and n == self.block_size and self.n_summarized[layer] == index:
+                self.summaries[layer][:, index] = summaries[layer]
+                self.n_summarized[layer] = index + 1
         self.length += n
 
     def nbytes(self) -> int:

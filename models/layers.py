@@ -46,7 +46,7 @@ class RotaryEmbedding:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [H, T, D]; cos, sin: [T, D]."""
+    """Rotate x [..., T, D] by angles whose cos, sin broadcast to it ([T, D] or [..., T, D])."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)

@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .attention_settings import AttentionSettings
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope
-
-
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
-    """Causal GQA attention of new queries over every cached token.
-
-    q: [Hq, Tq, D] at positions q_start..q_start+Tq-1; k, v: [Hkv, T, D] with T = q_start+Tq.
-    Returns [Hq, Tq, D].
-    """
-    hq, tq, d = q.shape
-    hkv, t, _ = k.shape
-    g = hq // hkv
-    # Fold the G query heads of a KV group into the query axis: one matmul per KV head.
-    qg = q.reshape(hkv, g * tq, d)                                     # [Hkv, G*Tq, D]
-    if tq == 1:
-        out = F.scaled_dot_product_attention(qg, k, v)                # every cached token is visible
-    else:
-        qpos = torch.arange(q_start, q_start + tq).repeat(g)          # [G*Tq]
-        mask = torch.arange(t)[None, :] <= qpos[:, None]              # [G*Tq, T]
-        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    return out.reshape(hq, tq, d)
+from .msa import attend
 
 
 class Attention(nn.Module):
@@ -43,7 +27,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
         t = x.shape[0]
         d = self.head_dim
         q = self.q_proj(x).view(t, self.n_heads, d).transpose(0, 1)        # q: [Hq, T, D]
@@ -51,7 +35,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)                            # [Hkv, q_start+T, D]
-        out = dense_attention(q, keys, values, q_start)                    # [Hq, T, D]
+        out = attend(q, keys, values, cache, layer, q_start, rope)          # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 
 
@@ -74,8 +58,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache, layer, q_start):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, q_start)
+    def forward(self, x, cos, sin, cache, layer, q_start, rope):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, q_start, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -91,10 +75,19 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def new_cache(self, capacity: int = 0) -> KVCache:
-        return KVCache.for_model(self.config, dtype=self.embed_tokens.weight.dtype, capacity=capacity)
+    def new_cache(self, capacity: int = 0, settings: AttentionSettings | None = None) -> KVCache:
+        """An empty cache for this model; MSA past the trained context unless settings say otherwise."""
+        settings = settings or AttentionSettings()
+        settings = dataclasses.replace(
+            settings,
+            block_size=settings.block_size or self.config.kv_block_size,
+            max_position=settings.max_position or self.config.max_position_embeddings,
+        )
+        c = self.config
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size=settings.block_size,
+                       dtype=self.embed_tokens.weight.dtype, capacity=capacity, settings=settings)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the caller's cache must stay writable outside forward
     def forward(self, tokens: torch.Tensor, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:
         """Run `tokens` [T] after the `cache.length` tokens already cached.
 
@@ -106,7 +99,7 @@ class Transformer(nn.Module):
         cos, sin = self.rope.cos_sin(positions)
         x = self.embed_tokens(tokens)                                      # [T, hidden]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start)
+            x = layer(x, cos, sin, cache, i, start, self.rope)
         cache.advance(tokens.shape[0])
         x = x if all_logits else x[-1]
         return self.lm_head(self.norm(x)).float()

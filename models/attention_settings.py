@@ -1,0 +1,52 @@
+"""How attention reads the KV cache: dense, or MSA block selection (see MSA.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MODES = ("auto", "dense", "msa")
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """Which attention computes each query depends only on the query's position, never on the
+    input's total length, so a block of K/V is the same whatever follows it.
+
+    - `dense`: every query attends to every earlier token.
+    - `msa`: every query attends to the sink block(s), its `local_blocks` most recent blocks
+      (its own included) and the `topk` best-scoring other blocks, scored per KV group.
+    - `auto`: dense for queries before `dense_tokens`, MSA after.
+    Past `max_position` (the model's trained context), far blocks are placed at a bounded
+    distance just before the local window, so positions never exceed what the model saw.
+    """
+
+    mode: str = "auto"
+    block_size: int | None = None     # tokens per KV block (None: the model's own, 64 by default)
+    topk: int = 16
+    local_blocks: int = 1
+    sink_blocks: int = 1
+    dense_tokens: int = 1024
+    max_position: int | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"attention mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError("block size must be at least 1")
+        if self.topk < 1 or self.local_blocks < 1 or self.sink_blocks < 0:
+            raise ValueError("topk and local_blocks must be at least 1, sink_blocks at least 0")
+
+    @property
+    def sparse_from(self) -> float:
+        """The first query position that uses MSA (inf: never)."""
+        return {"dense": math.inf, "msa": 0, "auto": self.dense_tokens}[self.mode]
+
+    def identity(self) -> dict:
+        """What of these settings shapes K/V: part of every prefix-cache key."""
+        d = asdict(self)
+        if self.mode == "dense":
+            return {"mode": "dense", "block_size": self.block_size}
+        if self.mode == "msa":
+            d.pop("dense_tokens")
+        return d

@@ -1,0 +1,111 @@
+"""Attention over the block KV cache: dense for early queries, MSA block selection after.
+
+Keys are cached after RoPE at their true positions. Inside the trained context MSA attends
+at those true positions. Past it (`settings.max_position`), the far blocks a query selects
+(sink and top-k) are re-rotated to sit one after another just before its local window, so
+the largest distance the model sees is `(sink + topk + local) * B`, not the input's length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from msa_kernels import (
+    dense_attention,
+    score_blocks,
+    score_query_blocks,
+    select_blocks,
+    select_query_blocks,
+    sparse_decode_attention,
+    sparse_prefill_attention,
+)
+from msa_kernels.masked_attention import softmax_attend
+from msa_kernels.selected_tokens import gather_selected_tokens
+
+from .kv_cache import KVCache
+from .layers import RotaryEmbedding, apply_rope
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
+           q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
+    """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D]. Returns [Hq, Tq, D]."""
+    s = cache.settings
+    tq = q.shape[1]
+    n_dense = int(min(max(s.sparse_from - q_start, 0), tq))
+    parts = []
+    if n_dense:
+        end = q_start + n_dense
+        parts.append(dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start))
+    if n_dense < tq:
+        start = q_start + n_dense
+        summaries = cache.block_summaries(layer, keys.shape[1])
+        limit = s.max_position if s.max_position is not None else float("inf")
+        n_true = int(min(max(limit - start, 0), tq - n_dense))     # queries still inside the trained context
+        if n_true:
+            parts.append(_sparse(q[:, n_dense:n_dense + n_true], start, keys, values, summaries, s, cache.block_size))
+        if n_dense + n_true < tq:
+            parts.append(_sparse_repositioned(q[:, n_dense + n_true:], start + n_true, keys, values, summaries, s,
+                                              cache.block_size, rope))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _select(q, q_start, summaries, s, block_size):
+    """Selected block ids per query block: [Hkv, n_qblocks, K]."""
+    n_tokens = q_start + q.shape[1]
+    if q.shape[1] == 1:
+        scores = score_blocks(q[:, 0], summaries)                                      # [Hkv, n_full]
+        idx = select_blocks(scores, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
+                            local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
+        return idx[:, None]
+    scores = score_query_blocks(q, q_start, summaries, block_size)                     # [Hkv, nq, n_full]
+    return select_query_blocks(scores, q_start=q_start, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
+                               local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
+
+
+def _sparse(q, q_start, keys, values, summaries, s, block_size):
+    """MSA at true positions."""
+    end = q_start + q.shape[1]
+    idx = _select(q, q_start, summaries, s, block_size)
+    if q.shape[1] == 1:
+        return sparse_decode_attention(q[:, 0], keys[:, :end], values[:, :end], idx[:, 0], block_size)[:, None]
+    return sparse_prefill_attention(q, q_start, keys[:, :end], values[:, :end], idx, block_size)
+
+
+def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rope):
+    """MSA past the trained context: far blocks re-rotated to a bounded distance."""
+    end = q_start + q.shape[1]
+    idx = _select(q, q_start, summaries, s, block_size)                                # [Hkv, nq, K]
+    hq, _, d = q.shape
+    hkv = keys.shape[0]
+    group = hq // hkv
+    scale = d ** -0.5
+    out = torch.empty(hq, q.shape[1], d, dtype=q.dtype)
+    first_qblock = q_start // block_size
+    for j in range(idx.shape[1]):
+        lo = max(q_start, (first_qblock + j) * block_size) - q_start                  # chunk rows of query block j
+        hi = min(end, (first_qblock + j + 1) * block_size) - q_start
+        row = idx[:, j]                                                                # [Hkv, K]
+        k_sel, v_sel, key_pos = gather_selected_tokens(keys[:, :end], values[:, :end], row, block_size)
+        window_first = max(0, first_qblock + j - s.local_blocks + 1)
+        k_sel = _move_far_blocks(k_sel, row, window_first, block_size, rope)           # [Hkv, K*B, D]
+        q_pos = torch.arange(q_start + lo, q_start + hi)
+        qg = q[:, lo:hi].float().reshape(hkv, group * (hi - lo), d)                    # [Hkv, G*Tb, D]
+        allowed = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos.repeat(group)[None, :, None])
+        o, _ = softmax_attend((qg @ k_sel.mT) * scale, allowed, v_sel)                 # [Hkv, G*Tb, D]
+        out[:, lo:hi] = o.reshape(hq, hi - lo, d).to(q.dtype)
+    return out
+
+
+def _move_far_blocks(k_sel, row, window_first, block_size, rope):
+    """Rotate each far block (before the local window) forward so that, in selection order, the
+    far blocks sit back to back right before the window: slot s of n_far moves to distance
+    (n_far - s) blocks before the window instead of (window_first - block) blocks."""
+    hkv, width = row.shape
+    slot = torch.arange(width)
+    far = (row >= 0) & (row < window_first)                                            # [Hkv, K]
+    n_far = far.sum(dim=1, keepdim=True)                                               # [Hkv, 1]
+    shift_blocks = torch.where(far, (window_first - row.long()) - (n_far - slot), 0)   # [Hkv, K], >= 0
+    shift = (shift_blocks * block_size).repeat_interleave(block_size, dim=1)           # [Hkv, K*B]
+    cos, sin = rope.cos_sin(shift.flatten())
+    d = k_sel.shape[-1]
+    return apply_rope(k_sel, cos.view(hkv, -1, d), sin.view(hkv, -1, d))

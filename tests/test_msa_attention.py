@@ -1,0 +1,124 @@
+"""MSA inside the model: equal to dense when it selects everything, bounded positions past
+the trained context (against a plain reference that rotates at explicit virtual positions),
+and block K/V independent of what follows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_close
+from msa_models import ModelConfig, Transformer
+from msa_models.attention_settings import AttentionSettings
+from msa_models.layers import RotaryEmbedding, apply_rope
+from msa_models.msa import _select, _sparse_repositioned
+
+
+def tiny_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(**overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (3, 3), (8, 1)])
+@pytest.mark.parametrize("n_tokens", [37, 200])
+def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens):
+    model = tiny_model(num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=16 * heads)
+    tokens = torch.randint(0, model.config.vocab_size, (n_tokens + 3,))
+    dense = model.new_cache(settings=AttentionSettings(mode="dense"))
+    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64))
+    for cache in (dense, msa):
+        cache.logits = [model(tokens[s:s + 48], cache, all_logits=True) for s in range(0, n_tokens, 48)]
+        cache.logits += [model(tokens[i:i + 1], cache, all_logits=True) for i in range(n_tokens, n_tokens + 3)]
+    # fp32; observed max difference ~1e-6 (only summation order differs)
+    assert_close(torch.cat(msa.logits), torch.cat(dense.logits), atol=1e-4, what="msa vs dense")
+
+
+def test_sparse_msa_differs_from_dense_and_is_deterministic():
+    model = tiny_model()
+    tokens = torch.randint(0, model.config.vocab_size, (300,))
+    settings = AttentionSettings(mode="msa", topk=2)
+    a = model(tokens, model.new_cache(settings=settings), all_logits=True)
+    b = model(tokens, model.new_cache(settings=settings), all_logits=True)
+    dense = model(tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True)
+    assert torch.equal(a, b)
+    assert (a[-1] - dense[-1]).abs().max() > 1e-3       # it really is sparse
+    assert_close(a[:48], dense[:48], atol=1e-4, what="first blocks select everything")
+
+
+def test_block_kv_does_not_depend_on_what_follows():
+    model = tiny_model()
+    tokens = torch.randint(0, model.config.vocab_size, (400,))
+    settings = AttentionSettings(mode="auto", dense_tokens=64, topk=3)
+    short, long = model.new_cache(settings=settings), model.new_cache(settings=settings)
+    model(tokens[:160], short)                    # ends on a block boundary
+    for s in range(0, 400, 96):                   # other chunking, more text after
+        model(tokens[s:s + 96], long)
+    for layer in range(model.config.num_hidden_layers):
+        assert_close(long.k[layer][:, :160], short.k[layer][:, :160], atol=1e-5, what=f"k layer {layer}")
+        assert_close(long.v[layer][:, :160], short.v[layer][:, :160], atol=1e-5, what=f"v layer {layer}")
+
+
+def _repositioned_reference(q_pre, k_pre, v, idx, q_start, block_size, local_blocks, rope):
+    """Plain definition: each query block's selected tokens get explicit virtual positions
+    (far blocks back to back from 0, then the local window, then the query), and q and k are
+    rotated from scratch at those positions."""
+    hq, tq, d = q_pre.shape
+    hkv = k_pre.shape[0]
+    g = hq // hkv
+    out = torch.zeros(hq, tq, d)
+    for i in range(tq):
+        p = q_start + i
+        qb = p // block_size
+        j = qb - q_start // block_size
+        window_first = max(0, qb - local_blocks + 1)
+        for h in range(hq):
+            row = [int(b) for b in idx[h // g, j] if b >= 0]
+            far = [b for b in row if b < window_first]
+            tokens, virtual = [], []
+            for s, b in enumerate(far):
+                tokens += list(range(b * block_size, (b + 1) * block_size))
+                virtual += list(range(s * block_size, (s + 1) * block_size))
+            base = len(far) * block_size - window_first * block_size
+            near = [t for t in range(window_first * block_size, p + 1)]
+            tokens += near
+            virtual += [t + base for t in near]
+            cos, sin = rope.cos_sin(torch.tensor(virtual))
+            k = apply_rope(k_pre[h // g, tokens][None], cos, sin)[0]
+            qcos, qsin = rope.cos_sin(torch.tensor([p + base]))
+            q = apply_rope(q_pre[h, i][None, None], qcos, qsin)[0, 0]
+            w = torch.softmax((k @ q) / d ** 0.5, dim=0)
+            out[h, i] = w @ v[h // g, tokens]
+    return out
+
+
+@pytest.mark.parametrize("q_start,tq", [(300, 1), (250, 70), (333, 29)])
+def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
+    torch.manual_seed(1)
+    hq, hkv, d, block = 6, 2, 16, 16
+    n = q_start + tq
+    rope = RotaryEmbedding(d, 10000.0)
+    q_pre, k_pre, v = torch.randn(hq, tq, d), torch.randn(hkv, n, d), torch.randn(hkv, n, d)
+    cos, sin = rope.cos_sin(torch.arange(n))
+    keys = apply_rope(k_pre, cos, sin)                              # the cache holds rotated keys
+    q = apply_rope(q_pre, cos[q_start:], sin[q_start:])
+    settings = AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=1, max_position=64)
+    from msa_kernels import block_summaries
+
+    summaries = block_summaries(keys, block, "minmax")
+    got = _sparse_repositioned(q, q_start, keys, v, summaries, settings, block, rope)
+    idx = _select(q, q_start, summaries, settings, block)
+    expected = _repositioned_reference(q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope)
+    assert_close(got, expected, atol=1e-4, what="repositioned")
+
+
+def test_past_the_trained_context_runs_with_bounded_positions():
+    model = tiny_model(max_position_embeddings=128)
+    tokens = torch.randint(0, model.config.vocab_size, (700,))
+    cache = model.new_cache(settings=AttentionSettings(mode="auto", dense_tokens=64, topk=4))
+    assert cache.settings.max_position == 128
+    logits = torch.cat([model(tokens[s:s + 128], cache, all_logits=True) for s in range(0, 700, 128)])
+    assert logits.shape == (700, model.config.vocab_size) and torch.isfinite(logits).all()
