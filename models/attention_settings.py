@@ -17,8 +17,11 @@ class AttentionSettings:
     - `msa`: every query attends to the sink block(s), its `local_blocks` most recent blocks
       (its own included) and the `topk` best-scoring other blocks, scored per KV group.
     - `auto`: dense for queries before `dense_tokens`, MSA after.
-    Past `max_position` (the model's trained context), far blocks are placed at a bounded
-    distance just before the local window, so positions never exceed what the model saw.
+    From `bounded_from` on, a sparse query sees its far blocks (sink and top-k) back to back
+    just before its local window, not at their true distance, so no distance exceeds
+    `(sink + topk + local) * B` however long the input. Measured on the embedded model (pass
+    key, README): bounded distances answer better than true ones even inside its trained
+    context, so the default is 0 (always); None means the model's trained context.
     """
 
     mode: str = "auto"
@@ -27,7 +30,7 @@ class AttentionSettings:
     local_blocks: int = 1
     sink_blocks: int = 1
     dense_tokens: int = 1024
-    max_position: int | None = None
+    bounded_from: int | None = 0
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -10,11 +10,19 @@ block `b` is the token range `[b*B, (b+1)*B)`: the unit that sparse attention se
 disk prefix cache stores and source passages cite. Each full block also keeps a summary of
 its keys (per-channel min and max, fp32), computed once, from which MSA scores blocks.
 
+Keys and values live in memory, or, for inputs larger than memory, in files mapped from
+`storage_dir` (unlinked as soon as they are mapped, so nothing is left behind even after a
+crash): the OS then pages in only the blocks a step touches.
+
 The cache also carries the `AttentionSettings` its keys and values were computed under:
 they change K/V (from the second layer on), so they are part of what identifies a cache.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -26,17 +34,33 @@ from .attention_settings import AttentionSettings
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, block_size: int = 64,
                  dtype: torch.dtype = torch.float32, capacity: int = 0,
-                 settings: AttentionSettings | None = None):
+                 settings: AttentionSettings | None = None, storage_dir: Path | None = None):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.block_size = block_size
         self.dtype = dtype
         self.settings = settings or AttentionSettings()
+        self.storage_dir = storage_dir
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
-        self.k = [torch.zeros(n_kv_heads, cap, head_dim, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(n_kv_heads, cap, head_dim, dtype=dtype) for _ in range(n_layers)]
+        self.k = [self._new_store(cap) for _ in range(n_layers)]
+        self.v = [self._new_store(cap) for _ in range(n_layers)]
         self.summaries = [torch.zeros(n_kv_heads, cap // block_size, 2, head_dim) for _ in range(n_layers)]
         self.n_summarized = [0] * n_layers
+
+    def _new_store(self, capacity: int) -> torch.Tensor:
+        """Zeroed [Hkv, capacity, D] storage, in memory or in an unlinked mapped file."""
+        shape = (self.n_kv_heads, capacity, self.head_dim)
+        if self.storage_dir is None:
+            return torch.zeros(shape, dtype=self.dtype)
+        Path(self.storage_dir).mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="kv-", dir=self.storage_dir)
+        try:
+            numel = shape[0] * shape[1] * shape[2]
+            os.ftruncate(fd, numel * self.dtype.itemsize)        # sparse: no disk used until written
+            return torch.from_file(path, shared=True, size=numel, dtype=self.dtype).view(shape)
+        finally:
+            os.close(fd)
+            os.unlink(path)
 
     def _round_up(self, n: int) -> int:
         b = self.block_size
@@ -57,7 +81,7 @@ class KVCache:
         cap = self._round_up(max(n_tokens, self.capacity * 3 // 2))
         for store in (self.k, self.v):
             for i, t in enumerate(store):
-                grown = torch.zeros(self.n_kv_heads, cap, self.head_dim, dtype=self.dtype)
+                grown = self._new_store(cap)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
         for i, s in enumerate(self.summaries):

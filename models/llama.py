@@ -75,17 +75,19 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def new_cache(self, capacity: int = 0, settings: AttentionSettings | None = None) -> KVCache:
-        """An empty cache for this model; MSA past the trained context unless settings say otherwise."""
+    def new_cache(self, capacity: int = 0, settings: AttentionSettings | None = None,
+                  storage_dir=None) -> KVCache:
+        """An empty cache for this model (keys and values in files under `storage_dir` if given)."""
         settings = settings or AttentionSettings()
         settings = dataclasses.replace(
             settings,
             block_size=settings.block_size or self.config.kv_block_size,
-            max_position=settings.max_position or self.config.max_position_embeddings,
+            bounded_from=self.config.max_position_embeddings if settings.bounded_from is None else settings.bounded_from,
         )
         c = self.config
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size=settings.block_size,
-                       dtype=self.embed_tokens.weight.dtype, capacity=capacity, settings=settings)
+                       dtype=self.embed_tokens.weight.dtype, capacity=capacity, settings=settings,
+                       storage_dir=storage_dir)
 
     @torch.no_grad()  # not inference_mode: the caller's cache must stay writable outside forward
     def forward(self, tokens: torch.Tensor, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:

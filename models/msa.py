@@ -1,9 +1,10 @@
 """Attention over the block KV cache: dense for early queries, MSA block selection after.
 
-Keys are cached after RoPE at their true positions. Inside the trained context MSA attends
-at those true positions. Past it (`settings.max_position`), the far blocks a query selects
-(sink and top-k) are re-rotated to sit one after another just before its local window, so
-the largest distance the model sees is `(sink + topk + local) * B`, not the input's length.
+Keys are cached after RoPE at their true positions (a format decision: dense attention and
+the local window read them as they are). From `settings.bounded_from` on, the far blocks a
+sparse query selects (sink and top-k) are re-rotated to sit one after another just before
+its local window, so the largest distance the model sees is `(sink + topk + local) * B`,
+not the input's length; before it, MSA attends at true positions.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
     if n_dense < tq:
         start = q_start + n_dense
         summaries = cache.block_summaries(layer, keys.shape[1])
-        limit = s.max_position if s.max_position is not None else float("inf")
-        n_true = int(min(max(limit - start, 0), tq - n_dense))     # queries still inside the trained context
+        n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))   # queries at true positions
         if n_true:
             parts.append(_sparse(q[:, n_dense:n_dense + n_true], start, keys, values, summaries, s, cache.block_size))
         if n_dense + n_true < tq:
@@ -72,7 +72,7 @@ def _sparse(q, q_start, keys, values, summaries, s, block_size):
 
 
 def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rope):
-    """MSA past the trained context: far blocks re-rotated to a bounded distance."""
+    """MSA with far blocks re-rotated to a bounded distance."""
     end = q_start + q.shape[1]
     idx = _select(q, q_start, summaries, s, block_size)                                # [Hkv, nq, K]
     hq, _, d = q.shape

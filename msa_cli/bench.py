@@ -72,3 +72,65 @@ def print_table(rows: list[dict], *, title: str) -> None:
     for row in rows:
         table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
     Console().print(table)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call allocations and kernel builds
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_attention(lengths: list[int], *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
+                  topk: int, local_blocks: int, sink_blocks: int, device: str = "cpu",
+                  repeats: int = 5) -> list[dict]:
+    """One decode step of one layer's attention, dense against MSA, on the same random K/V.
+
+    MSA's step is what a decode step pays: score every block summary, pick the top-k blocks,
+    attend over them. Summaries are made once per full block, so their cost is not in the step.
+    """
+    import torch
+
+    import msa_kernels as K
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA device here", param_hint="--device")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for length in lengths:
+        k = torch.randn(n_kv_heads, length, head_dim, generator=generator).to(device)
+        v = torch.randn(n_kv_heads, length, head_dim, generator=generator).to(device)
+        q = torch.randn(n_heads, head_dim, generator=generator).to(device)
+        summaries = K.block_summaries(k, block_size, "minmax")
+
+        def dense():
+            K.dense_attention(q, k, v)
+            sync()
+
+        def msa():
+            scores = K.score_blocks(q, summaries)
+            idx = K.select_blocks(scores, n_tokens=length, block_size=block_size, topk=topk,
+                                  local_blocks=local_blocks, sink_blocks=sink_blocks)
+            K.sparse_decode_attention(q, k, v, idx, block_size)
+            sync()
+
+        dense_ms, msa_ms = _median_ms(dense, repeats), _median_ms(msa, repeats)
+        elt = k.element_size()
+        width = K.selection_width(topk, local_blocks, sink_blocks)
+        selected_tokens = min(length, width * block_size)
+        rows.append({
+            "length": length,
+            "dense_ms": round(dense_ms, 3),
+            "msa_ms": round(msa_ms, 3),
+            "speedup": round(dense_ms / msa_ms, 2),
+            "bytes_read_dense": 2 * length * n_kv_heads * head_dim * elt,
+            "bytes_read_msa": summaries.numel() * summaries.element_size()
+            + 2 * selected_tokens * n_kv_heads * head_dim * elt,
+        })
+        del k, v, summaries
+    return rows

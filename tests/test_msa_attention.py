@@ -25,11 +25,12 @@ def tiny_model(**overrides) -> Transformer:
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (3, 3), (8, 1)])
 @pytest.mark.parametrize("n_tokens", [37, 200])
-def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens):
+@pytest.mark.parametrize("bounded_from", [0, 10**9], ids=["bounded", "true-positions"])
+def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens, bounded_from):
     model = tiny_model(num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=16 * heads)
     tokens = torch.randint(0, model.config.vocab_size, (n_tokens + 3,))
     dense = model.new_cache(settings=AttentionSettings(mode="dense"))
-    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64))
+    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from))
     for cache in (dense, msa):
         cache.logits = [model(tokens[s:s + 48], cache, all_logits=True) for s in range(0, n_tokens, 48)]
         cache.logits += [model(tokens[i:i + 1], cache, all_logits=True) for i in range(n_tokens, n_tokens + 3)]
@@ -105,7 +106,7 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     cos, sin = rope.cos_sin(torch.arange(n))
     keys = apply_rope(k_pre, cos, sin)                              # the cache holds rotated keys
     q = apply_rope(q_pre, cos[q_start:], sin[q_start:])
-    settings = AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=1, max_position=64)
+    settings = AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=1, bounded_from=64)
     from msa_kernels import block_summaries
 
     summaries = block_summaries(keys, block, "minmax")
@@ -118,7 +119,7 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
 def test_past_the_trained_context_runs_with_bounded_positions():
     model = tiny_model(max_position_embeddings=128)
     tokens = torch.randint(0, model.config.vocab_size, (700,))
-    cache = model.new_cache(settings=AttentionSettings(mode="auto", dense_tokens=64, topk=4))
-    assert cache.settings.max_position == 128
+    cache = model.new_cache(settings=AttentionSettings(mode="auto", dense_tokens=64, topk=4, bounded_from=None))
+    assert cache.settings.bounded_from == 128
     logits = torch.cat([model(tokens[s:s + 128], cache, all_logits=True) for s in range(0, 700, 128)])
     assert logits.shape == (700, model.config.vocab_size) and torch.isfinite(logits).all()

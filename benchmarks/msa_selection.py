@@ -1,0 +1,101 @@
+"""How well MSA's block selection finds what dense attention reads, per layer.
+
+For pass-key documents (msa_cli.evals), the document is prefilled densely; then, for the
+question's tokens, each layer's queries score the key blocks and pick the top-k. Reported per
+layer: the share of dense attention mass that falls in the selected blocks ("mass"), and how
+often the block holding the key's digits is selected ("recall"). FACTS.md found mass alone
+barely separates scoring choices, so recall is the number to watch.
+
+    python benchmarks/msa_selection.py --length 2800 --depths 5 --topk 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import msa_kernels as K
+import msa_models.msa as msa_module
+from msa_cli import runtime
+from msa_cli.evals import QUESTION, depths, passkey_document
+from msa_cli.generate import prefill
+from msa_cli.prompt import build_prompt
+from msa_models.attention_settings import AttentionSettings
+
+SCORINGS = {
+    # name: (summary kind, how a query block's queries are reduced)
+    "minmax-max": ("minmax", "max"),
+    "minmax-sum": ("minmax", "sum"),
+    "mean-max": ("mean", "max"),
+}
+
+
+def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
+    tok = loaded.tokenizer
+    n_layers = loaded.config.num_hidden_layers
+    totals = {name: {"mass": torch.zeros(n_layers), "recall": torch.zeros(n_layers)} for name in SCORINGS}
+    captured = []
+    real_attend = msa_module.attend
+
+    def capture(q, keys, values, cache, layer, q_start, rope):
+        captured.append((q.clone(), keys.clone(), q_start))
+        return real_attend(q, keys, values, cache, layer, q_start, rope)
+
+    for i, depth in enumerate(depths(n_depths)):
+        key = 10000 + 7919 * (i + 1) % 90000
+        prompt = build_prompt(tok, passkey_document(tok, length, depth, key), QUESTION)
+        ids = prompt.ids
+        digits = tok.encode(f" {key}")
+        needle = next(p for p in range(len(ids)) if ids[p:p + len(digits)] == digits)
+        cache = loaded.model.new_cache(settings=AttentionSettings(mode="dense"))
+        prefill(loaded.model, cache, ids[:prompt.context_length])
+        captured.clear()
+        msa_module.attend = capture
+        try:
+            prefill(loaded.model, cache, prompt.tail)
+        finally:
+            msa_module.attend = real_attend
+        block = cache.block_size
+        for layer, (q, keys, q_start) in enumerate(captured):
+            n = keys.shape[1]
+            g = q.shape[0] // keys.shape[0]
+            probs = torch.softmax((q @ keys.repeat_interleave(g, 0).mT) / q.shape[-1] ** 0.5
+                                  + torch.where(torch.arange(n)[None, :] <= (q_start + torch.arange(q.shape[1]))[:, None],
+                                                0.0, float("-inf")), dim=-1)            # [Hq, Tq, n]
+            for name, (kind, reduce) in SCORINGS.items():
+                summaries = K.block_summaries(keys, block, kind)
+                scores = K.score_query_blocks(q, q_start, summaries, block, kind=kind, query_reduce=reduce)
+                idx = K.select_query_blocks(scores, q_start=q_start, n_tokens=n, block_size=block, topk=topk)
+                from msa_kernels.selected_tokens import selected_token_mask
+
+                chosen = selected_token_mask(idx, block, n)                             # [Hkv, nq, n]
+                first = q_start // block
+                qblock = (q_start + torch.arange(q.shape[1])) // block - first          # [Tq]
+                allowed = chosen[:, qblock].repeat_interleave(g, 0)                    # [Hq, Tq, n]
+                totals[name]["mass"][layer] += (probs * allowed).sum(-1).mean()
+                totals[name]["recall"][layer] += (idx == needle // block).any(-1).float().mean()
+    return {name: {k: [round(float(x) / n_depths, 3) for x in v] for k, v in t.items()} for name, t in totals.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--length", type=int, default=2800)
+    parser.add_argument("--depths", type=int, default=5)
+    parser.add_argument("--topk", type=int, default=4)
+    parser.add_argument("--json", help="write the per-layer figures here")
+    args = parser.parse_args()
+    loaded, _ = runtime.load("smollm2-135m")
+    result = measure(loaded, args.length, args.depths, args.topk)
+    print(f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers 0-29 in --json)")
+    print(f"{'scoring':<12} {'mass':>6} {'recall':>7}")
+    for name, r in result.items():
+        print(f"{name:<12} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"length": args.length, "topk": args.topk, "depths": args.depths, "per_layer": result}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
