@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from . import __version__
+from .cache_commands import cache_app
 from .errors import EXIT_CODES_HELP, reports_errors
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Measure speed.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(cache_app, name="cache")
 
 DEFAULT_MODEL = "smollm2-135m"  # kept in step with msa_models.registry (not imported: --help stays instant)
 
@@ -59,21 +61,32 @@ def ask(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with the answer and figures, at the end."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
     cache_dir: Optional[str] = CacheDirOption,
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache."),
+    cache_ro: bool = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it."),
 ):
-    """Answer a question about a document, streaming the answer to stdout."""
+    """Answer a question about a document, streaming the answer to stdout.
+
+    The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
+    the next question about the same document reads only the question.
+    """
     from .ask import AskSettings, process_start_time, stream_answer
     from .documents import read_document
     from .output import write_stdout
+    from .paths import cache_dir as resolve_cache_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
     from .runtime import load, set_threads
 
     started_at = process_start_time()
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
+    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     document = read_document(path)
     set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                           system=system, show_progress=not (quiet or json_out))
+                           system=system, show_progress=not (quiet or json_out),
+                           show_notes=not (quiet or json_out), prefix_cache=prefix_cache)
     answer, pieces = stream_answer(loaded, document, question, settings)
     for piece in pieces:
         if not json_out:

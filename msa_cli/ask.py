@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psutil
@@ -13,7 +14,8 @@ from msa_models.errors import InputTooLongError
 from .documents import Document
 from .generate import Generation, Timings, prefill
 from .output import reading_progress
-from .prompt import build_prompt
+from .prefix_cache import CacheOptions, PrefixCache, identity
+from .prompt import Prompt, build_prompt
 from .sampling import Sampler
 
 
@@ -29,6 +31,8 @@ class AskSettings:
     seed: int | None = None
     system: str | None = None
     show_progress: bool = True
+    show_notes: bool = True                 # one-line notes on stderr (the prefix cache's)
+    prefix_cache: CacheOptions | None = None   # None: neither read nor write it (--no-cache)
 
 
 @dataclass
@@ -73,11 +77,13 @@ def stream_answer(loaded, document: Document, question: str,
         )
     sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
     answer = Answer(model=loaded.name, prompt_tokens=len(ids))
-    timings = Timings(prefill_tokens=len(ids))
     cache = loaded.model.new_cache(capacity=min(limit, len(ids) + settings.max_tokens))
+    stored = open_prefix_cache(loaded, cache, prompt, document, settings)
+    answer.cached_tokens = stored.restore(cache) if stored else 0
+    timings = Timings(prefill_tokens=len(ids) - answer.cached_tokens)
     start = time.perf_counter()
-    with reading_progress(len(ids), enabled=settings.show_progress) as advance:
-        logits = prefill(loaded.model, cache, ids, progress=advance)
+    with reading_progress(timings.prefill_tokens, enabled=settings.show_progress) as advance:
+        logits = prefill_prompt(loaded.model, cache, prompt, stored, progress=advance)
     timings.prefill_s = time.perf_counter() - start
     generation = Generation(loaded.model, cache, logits, sampler, settings.max_tokens,
                             stop_ids=tok.eos_ids, context_limit=limit, timings=timings)
@@ -92,3 +98,44 @@ def stream_answer(loaded, document: Document, question: str,
                 yield text
 
     return answer, pieces()
+
+
+def attention_identity(cache) -> dict:
+    """The attention settings that change K/V, as a plain dict for the prefix cache's keys."""
+    settings = getattr(cache, "settings", None)   # a cache made for MSA carries its settings
+    attention = settings.identity() if settings is not None else {"mode": "dense"}
+    return {**attention, "block_size": cache.block_size}
+
+
+def open_prefix_cache(loaded, cache, prompt: Prompt, document: Document,
+                      settings: AskSettings) -> PrefixCache | None:
+    if settings.prefix_cache is None or prompt.context_length == 0:
+        return None
+    ident = identity(loaded, dtype=cache.dtype, block_size=cache.block_size, attention=attention_identity(cache))
+    return PrefixCache(settings.prefix_cache, identity=ident, context=prompt.ids[:prompt.context_length],
+                       block_size=cache.block_size, source="stdin" if document.name == "-" else document.name,
+                       model=loaded.name, note=_stderr_note if settings.show_notes else lambda message: None)
+
+
+def _stderr_note(message: str) -> None:
+    print(f"msa: {message}", file=sys.stderr, flush=True)
+
+
+def prefill_prompt(model, cache, prompt: Prompt, stored: PrefixCache | None, *,
+                   progress: Callable[[int], None] = lambda n: None):
+    """Prefill what `cache` lacks of the prompt; return the last token's logits.
+
+    The context (head + document) and the tail are prefilled apart, so the context's chunks fall
+    at the same places whether or not a cache holds part of it: a full cache hit gives the same
+    logits, bit for bit, as no cache. Each finished chunk of the context is saved at once.
+    """
+    context = prompt.ids[:prompt.context_length]
+
+    def chunk_done(n_tokens: int) -> None:
+        progress(n_tokens)
+        if stored:
+            stored.save(cache)
+
+    if cache.length < len(context):
+        prefill(model, cache, context[cache.length:], progress=chunk_done)
+    return prefill(model, cache, prompt.tail, progress=progress)

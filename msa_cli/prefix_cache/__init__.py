@@ -1,0 +1,22 @@
+"""The prefix cache on disk: K/V blocks of documents already read, so a second question about
+the same document reads only the question.
+
+    keys.py     identity of what shapes the K/V, chained block keys
+    store.py    block files: atomic writes, checksums, the file lock
+    chains.py   one manifest per document chain, least-recently-used eviction in a budget
+    sizes.py    '10G' and friends
+    prefix.py   one question's use of it: restore before prefill, save after each chunk
+"""
+
+from .chains import Chain, ChainIndex
+from .errors import CacheBusyError, CacheError
+from .keys import FORMAT_VERSION, block_keys, identity, identity_hash
+from .prefix import CacheOptions, PrefixCache, prefix_dir
+from .sizes import BUDGET_ENV, DEFAULT_MAX_BYTES, budget_from_env, format_size, parse_size
+from .store import BadBlock, BlockStore
+
+__all__ = [
+    "BUDGET_ENV", "BadBlock", "BlockStore", "CacheBusyError", "CacheError", "CacheOptions", "Chain",
+    "ChainIndex", "DEFAULT_MAX_BYTES", "FORMAT_VERSION", "PrefixCache", "block_keys", "budget_from_env",
+    "format_size", "identity", "identity_hash", "parse_size", "prefix_dir",
+]

@@ -1,0 +1,271 @@
+"""The prefix cache in `msa ask`, end to end with the real embedded model (one process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import assert_close
+from msa_cli.app import app
+from msa_cli.ask import AskSettings, open_prefix_cache, prefill_prompt
+from msa_cli.documents import Document
+from msa_cli.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
+from msa_cli.prompt import build_prompt
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What did the keeper see in entry 3?"
+SKIES = ["grey", "clear", "stormy", "red", "pale"]
+
+
+def logbook(n_entries: int, *, first: int = 0) -> str:
+    """A made-up logbook, about 20 tokens per entry."""
+    return "\n".join(f"Entry {i}: the keeper counted {i * 7 % 23} ships under a {SKIES[i % 5]} sky."
+                     for i in range(first, first + n_entries)) + "\n"
+
+
+@pytest.fixture
+def run(embedded):
+    runner = CliRunner()
+
+    def invoke(*args, input=None, env=None):
+        return runner.invoke(app, [str(a) for a in args], input=input, env=env)
+
+    return invoke
+
+
+def prefix_root(home: Path) -> Path:
+    return home / ".cache" / "msa" / "prefix"
+
+
+def ask_json(run, *args, input=None) -> dict:
+    result = run("ask", *args, "-n", "4", "--json", input=input)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""                           # --json: no notes
+    return json.loads(result.stdout)
+
+
+def block_files(root: Path) -> set[str]:
+    return {key for key, _, _ in BlockStore(root).files() if key is not None}
+
+
+def stored_for(loaded, path: Path, text: str, question: str, root: Path):
+    """The PrefixCache `msa ask` opens for this document (its keys name the block files)."""
+    prompt = build_prompt(loaded.tokenizer, text, question)
+    cache = loaded.model.new_cache(capacity=len(prompt.ids))
+    settings = AskSettings(prefix_cache=CacheOptions(root))
+    return prompt, cache, open_prefix_cache(loaded, cache, prompt, Document(str(path), text), settings)
+
+
+# ---- a document already read -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def populated(embedded, tmp_path_factory):
+    """A document asked about once: its path, that first ask's JSON, and the prefix cache it left."""
+    folder = tmp_path_factory.mktemp("populated")
+    text = logbook(10)
+    (folder / "log.txt").write_text(text)
+    cache_dir = folder / "cache"
+    result = CliRunner().invoke(app, ["ask", str(folder / "log.txt"), QUESTION, "-n", "4", "--json",
+                                      "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 0, result.output
+    return folder / "log.txt", json.loads(result.stdout), cache_dir / "prefix"
+
+
+@pytest.fixture
+def prefilled(populated, isolated_home):
+    """This test's own copy of the populated prefix cache; (document, first ask's JSON)."""
+    source, first, pristine = populated
+    shutil.copytree(pristine, prefix_root(isolated_home))
+    return source, first
+
+
+def test_the_second_question_reads_only_the_question_however_the_document_arrives(run, embedded, prefilled, tmp_path, isolated_home):
+    path, first = prefilled
+    other = tmp_path / "elsewhere" / "copy.txt"
+    other.parent.mkdir()
+    shutil.copy(path, other)
+    text = path.read_text()
+    asked = build_prompt(embedded.tokenizer, text, QUESTION)
+    second_q = "How many ships in entry 2?"
+    second = build_prompt(embedded.tokenizer, text, second_q)
+    assert second.context_length == asked.context_length == 41 + 166     # template head + document
+    assert (first["prompt_tokens"], first["cached_tokens"], first["prefill_tokens"]) == (len(asked.ids), 0, len(asked.ids))
+
+    reference = ask_json(run, path, second_q, "--no-cache")
+    assert reference["cached_tokens"] == 0
+    for source, stdin in [(path, None), (other, None), ("-", text)]:
+        warm = ask_json(run, source, second_q, input=stdin)
+        assert warm["cached_tokens"] == 207
+        assert warm["prefill_tokens"] == len(second.tail) == warm["prompt_tokens"] - 207
+        assert warm["answer"] == reference["answer"]
+    # one document, one chain, whatever its path: 3 full blocks and a partial one of 15 tokens
+    chains = ChainIndex(BlockStore(prefix_root(isolated_home))).all()
+    assert [(c.tokens, len(c.blocks), c.source) for c in chains] == [(207, 4, "stdin")]
+    assert len(block_files(prefix_root(isolated_home))) == 4
+
+
+def test_logits_are_the_same_with_the_cache_and_without_it(embedded, prefilled, isolated_home):
+    source, _ = prefilled
+    root = prefix_root(isolated_home)
+
+    def logits(*, cached: bool):
+        prompt, cache, stored = stored_for(embedded, source, source.read_text(), QUESTION, root)
+        stored = stored if cached else None
+        restored = stored.restore(cache) if stored else 0
+        return prefill_prompt(embedded.model, cache, prompt, stored), restored, stored
+
+    none, _, _ = logits(cached=False)
+    warm, restored, stored = logits(cached=True)         # blocks written by the first ask
+    assert restored == stored.context_tokens == 207
+    assert torch.equal(warm, none)                       # bit for bit
+    # resumed from block 2 (as after an interrupted prefill, or an edit there): chunks fall
+    # elsewhere, so equal to float rounding, and the same greedy token
+    for bk in stored.keys[2:]:
+        stored.store.remove(bk.key)
+    part, restored, _ = logits(cached=True)
+    assert restored == 2 * 64
+    assert_close(part, none, atol=1e-4, what="resumed prefill")
+    assert int(part.argmax()) == int(none.argmax())
+    assert logits(cached=True)[1] == 207                 # and the resumed prefill saved the rest
+
+
+def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(run, embedded, prefilled, tmp_path, isolated_home):
+    root = prefix_root(isolated_home)
+    source, _ = prefilled
+    text = source.read_text()
+    edited = text.replace("Entry 4: the keeper counted", "Entry 4: the keeper saw")
+    before = block_files(root)
+    original = build_prompt(embedded.tokenizer, text, QUESTION)
+    changed = build_prompt(embedded.tokenizer, edited, QUESTION)
+    first_diff = next(i for i, (a, b) in enumerate(zip(original.ids, changed.ids)) if a != b)
+    assert first_diff // 64 == 1 and -(-changed.context_length // 64) == 4   # the edit is in block 1 of 4
+
+    path = tmp_path / "log.txt"
+    path.write_text(edited)
+    out = ask_json(run, path, QUESTION)
+    assert out["cached_tokens"] == 64
+    assert out["prefill_tokens"] == len(changed.ids) - 64
+    after = block_files(root)
+    assert before <= after and len(after - before) == 4 - 1           # blocks 1, 2 and 3 are new
+    assert ask_json(run, path, QUESTION)["cached_tokens"] == changed.context_length
+
+
+# ---- corruption ------------------------------------------------------------------------------
+
+def _flip_bytes(path: Path):
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) - 64, len(data)):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _rewrite_metadata(path: Path, **changes):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {n: f.get_tensor(n) for n in f.keys()}
+    save_file(tensors, str(path), metadata={**meta, **changes})
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "is truncated or not a block file"),
+    (_flip_bytes, "is corrupted (checksum mismatch)"),
+    (lambda p: _rewrite_metadata(p, identity="0" * 64),
+     "was made under another identity (model, tokenizer, template, dtype or attention)"),
+    (lambda p: _rewrite_metadata(p, format="0"), "has format version 0, this msa reads 1"),
+])
+def test_a_damaged_block_is_dropped_recomputed_and_reported(run, embedded, prefilled, isolated_home, damage, reason):
+    source, first = prefilled
+    expected_answer = first["answer"] + "\n"
+    root = prefix_root(isolated_home)
+    _, _, stored = stored_for(embedded, source, source.read_text(), QUESTION, root)
+    damage(stored.store.path(stored.keys[2].key))
+
+    result = run("ask", source, QUESTION, "-n", "4")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected_answer
+    assert result.stderr.splitlines() == [
+        f"msa: cache: block 2 of {source} {reason}: dropped, recomputing from token 128"]
+    out = ask_json(run, source, QUESTION)       # block 2 was written again, whole
+    assert out["cached_tokens"] == stored.context_tokens
+    assert out["answer"] + "\n" == expected_answer
+
+
+def test_notes_are_quiet_and_read_only_changes_nothing(run, embedded, prefilled, isolated_home):
+    source, first = prefilled
+    expected_answer = first["answer"] + "\n"
+    root = prefix_root(isolated_home)
+    _, _, stored = stored_for(embedded, source, source.read_text(), QUESTION, root)
+    _flip_bytes(stored.store.path(stored.keys[3].key))
+    manifest = next((root / "chains").iterdir())
+    stamp = manifest.read_bytes()
+
+    result = run("ask", source, QUESTION, "-n", "4", "--cache-ro")
+    assert result.stdout == expected_answer
+    assert result.stderr == (f"msa: cache: block 3 of {source} is corrupted (checksum mismatch): "
+                             f"ignored (--cache-ro), recomputing from token 192\n")
+    assert stored.store.exists(stored.keys[3].key) and manifest.read_bytes() == stamp
+    result = run("ask", source, QUESTION, "-n", "4", "--quiet")
+    assert result.stdout == expected_answer and result.stderr == ""
+
+
+# ---- budget ----------------------------------------------------------------------------------
+
+def test_eviction_keeps_the_budget_and_the_running_document(run, embedded, prefilled, tmp_path, isolated_home, monkeypatch):
+    root = prefix_root(isolated_home)
+    second = tmp_path / "b.txt"
+    second.write_text(logbook(10, first=50))             # 217 tokens: as many blocks as the first
+    one_document = ChainIndex(BlockStore(root)).disk_bytes()
+    budget = one_document * 3 // 2                       # room for one of them, not two
+    monkeypatch.setenv("MSA_CACHE_MAX", str(budget))
+
+    assert ask_json(run, second, QUESTION)["cached_tokens"] == 0
+    index = ChainIndex(BlockStore(root))
+    assert [c.source for c in index.all()] == [str(second)]
+    assert index.disk_bytes() <= budget
+    assert ask_json(run, second, QUESTION)["cached_tokens"] == index.all()[0].tokens
+
+
+def test_a_document_over_the_budget_is_answered_and_not_kept(run, embedded, tmp_path, isolated_home, monkeypatch):
+    path = tmp_path / "log.txt"
+    path.write_text(logbook(4))
+    expected = run("ask", path, QUESTION, "-n", "4", "--cache-ro").stdout
+    assert not prefix_root(isolated_home).exists()       # --cache-ro wrote nothing
+    prompt, cache, _ = stored_for(embedded, path, path.read_text(), QUESTION, tmp_path / "unused")
+    monkeypatch.setenv("MSA_CACHE_MAX", "1M")
+    result = run("ask", path, QUESTION, "-n", "4")
+    assert result.exit_code == 0 and result.stdout == expected
+    # judged from the first block: its tensors' bytes per token, plus a 1 kB header per block
+    embedded.model(torch.tensor(prompt.ids[:64]), cache)
+    block_bytes = sum(t.nbytes for t in cache.export_block(0).values())
+    estimate = block_bytes * prompt.context_length // 64 + 1024 * -(-prompt.context_length // 64)
+    assert result.stderr == (f"msa: cache: {path} needs about {format_size(estimate)}, more than the cache's "
+                             f"1.0 MB budget (MSA_CACHE_MAX); answering without keeping it\n")
+    assert block_files(prefix_root(isolated_home)) == set()
+
+
+def test_a_bad_budget_is_a_usage_error(run, tmp_path, monkeypatch):
+    path = tmp_path / "log.txt"
+    path.write_text(logbook(2))
+    monkeypatch.setenv("MSA_CACHE_MAX", "lots")
+    result = run("ask", path, QUESTION)
+    assert result.exit_code == 2
+    assert result.stderr == "msa: error: MSA_CACHE_MAX: 'lots' is not a size (use e.g. 500M or 10G)\n"
+
+
+def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
+    path = tmp_path / "log.txt"
+    path.write_text(logbook(3))
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "prefix").write_text("a file where the prefix cache's folder should be")
+    result = run("ask", path, QUESTION, "-n", "2", "--cache-dir", cache_dir)
+    assert result.exit_code == 0 and result.stdout.strip()
+    assert result.stderr == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); answering without saving\n"
