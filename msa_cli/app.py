@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Measure speed.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+eval_app = typer.Typer(help="Measure answer quality.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
 app.add_typer(cache_app, name="cache")
 
 DEFAULT_MODEL = "smollm2-135m"  # kept in step with msa_models.registry (not imported: --help stays instant)
@@ -32,6 +34,23 @@ ThreadsOption = typer.Option(None, "--threads", "-t", envvar="MSA_THREADS", show
                              help="CPU threads. [default: all cores]")
 CacheDirOption = typer.Option(None, "--cache-dir", envvar="MSA_CACHE_DIR", show_envvar=True,
                               help="Where msa keeps converted models and caches. [default: $XDG_CACHE_HOME/msa]")
+
+
+AttentionOption = typer.Option(
+    "auto", "--attention", envvar="MSA_ATTENTION", show_envvar=True,
+    help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
+         "dense: every token reads every earlier one (up to the model's context); msa: block selection throughout.")
+TopkOption = typer.Option(8, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
+BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
+LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
+
+
+def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
+    from msa_models.attention_settings import MODES, AttentionSettings
+
+    if mode not in MODES:
+        raise typer.BadParameter(f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention")
+    return AttentionSettings(mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks)
 
 
 def _version(value: bool):
@@ -63,6 +82,10 @@ def ask(
     cache_dir: Optional[str] = CacheDirOption,
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache."),
     cache_ro: bool = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it."),
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: Optional[int] = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
 ):
     """Answer a question about a document, streaming the answer to stdout.
 
@@ -79,6 +102,7 @@ def ask(
     started_at = process_start_time()
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
+    attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
     document = read_document(path)
@@ -86,7 +110,8 @@ def ask(
     loaded, load_s = load(model, cache=cache_dir)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
-                           show_notes=not (quiet or json_out), prefix_cache=prefix_cache)
+                           show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
+                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv")
     answer, pieces = stream_answer(loaded, document, question, settings)
     for piece in pieces:
         if not json_out:
@@ -119,6 +144,72 @@ def bench_e2e(
         print(json.dumps(rows))
     else:
         print_table(rows, title=f"msa bench e2e: {loaded.name}, {n_threads} threads")
+
+
+@bench_app.command("attention")
+@reports_errors
+def bench_attention(
+    length: str = typer.Option("8k,32k,128k,1m", "--length", "-l", help="Numbers of cached tokens; k and m suffixes."),
+    topk: int = TopkOption,
+    block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
+    local_blocks: int = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks always attended."),
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the Triton kernels."),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed runs per op; the median is reported."),
+    threads: Optional[int] = ThreadsOption,
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per length."),
+):
+    """One decode step of one layer's attention (the embedded model's shapes), dense against MSA."""
+    from .bench import parse_lengths, print_table, run_attention
+    from .runtime import set_threads
+
+    lengths = parse_lengths(length)
+    n_threads = set_threads(threads)
+    rows = run_attention(lengths, n_heads=9, n_kv_heads=3, head_dim=64, block_size=block_size, topk=topk,
+                         local_blocks=local_blocks, sink_blocks=1, device=device, repeats=repeats)
+    if json_out:
+        print(json.dumps(rows))
+    else:
+        print_table(rows, title=f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} threads")
+
+
+@eval_app.command("passkey")
+@reports_errors
+def eval_passkey(
+    length: str = typer.Option("1k,4k,16k", "--length", "-l", help="Document lengths in tokens; k and m suffixes."),
+    depths: int = typer.Option(5, "--depths", min=1, help="Depths at which the key is hidden, evenly spread."),
+    attention: str = typer.Option("dense,msa", "--attention", help="Attention modes to compare (dense runs up to the model's context)."),
+    model: str = ModelOption,
+    topk: int = TopkOption,
+    threads: Optional[int] = ThreadsOption,
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per length and mode."),
+    cache_dir: Optional[str] = CacheDirOption,
+):
+    """Pass-key retrieval accuracy by length and depth."""
+    from msa_models.attention_settings import AttentionSettings
+
+    from .bench import parse_lengths
+    from .evals import run_passkey
+    from .runtime import load, set_threads
+
+    lengths = parse_lengths(length)
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir)
+    try:
+        modes = [(m, AttentionSettings(mode=m, topk=topk)) for m in attention.split(",")]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--attention") from None
+    note = None if json_out else (lambda n, label, r: print(f"  {n:>8,} {label:>5} depth {r['depth']:.2f}: "
+                                                           f"{'found' if r['found'] else 'missed'} ({r['answer']!r})",
+                                                           file=sys.stderr))
+    rows = run_passkey(loaded, lengths, depths, modes, dense_limit=loaded.config.max_position_embeddings,
+                       on_result=note)
+    if json_out:
+        print(json.dumps(rows))
+    else:
+        from .bench import print_table
+
+        print_table([{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows],
+                    title=f"msa eval passkey: {loaded.name}")
 
 
 def main() -> None:

