@@ -4,15 +4,62 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
+from .architectures import ARCHITECTURES, config_class
 from .checkpoint import Checkpoint
-from .config import ModelConfig
 from .errors import ModelError
+from .fp8 import dequantize_fp8
 from .gguf_loader import file_digest
 from .tokenizer import ChatTemplate, TextTokenizer
 
-_SUPPORTED = {"llama"}
+# Checkpoint key -> ours, per model_type: regex substitutions applied in order.
+_EXPERTS = [(r"\.block_sparse_moe\.", ".mlp."), (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
+            (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."), (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj.")]
+NAME_MAPS = {
+    "llama": [(r"^model\.", "")],
+    "qwen3": [(r"^model\.", "")],
+    "minimax_m2": [(r"^model\.", ""), *_EXPERTS],
+    "minimax_m3_vl": [(r"^language_model\.model\.", ""), (r"^language_model\.lm_head\.", "lm_head."), *_EXPERTS,
+                      (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2.")],
+}
+# Checkpoint keys that are not the text model we run: multi-token-prediction heads, M3's vision side.
+SKIPPED = {
+    "minimax_m2": r"(^|\.)mtp\.",
+    "minimax_m3_vl": r"^(vision_tower|multi_modal_projector|patch_merge_mlp)\.|(^|\.)mtp\.",
+}
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def our_name(model_type: str, key: str) -> str:
+    for pattern, repl in NAME_MAPS[model_type]:
+        key = re.sub(pattern, repl, key)
+    return key
+
+
+def _read_weights(files: list[Path], model_type: str, config, block: tuple[int, int]) -> tuple[dict, list[str]]:
+    """Weights by our names, FP8 ones dequantized; and the checkpoint keys skipped."""
+    from safetensors import safe_open
+
+    skip = re.compile(SKIPPED[model_type]) if model_type in SKIPPED else None
+    raw, skipped = {}, []
+    for f in files:
+        with safe_open(str(f), "pt") as st:                      # memory-mapped: one tensor at a time
+            for key in st.keys():
+                name = our_name(model_type, key)
+                layer = _LAYER.match(name)
+                if (skip and skip.search(key)) or (layer and int(layer.group(1)) >= config.num_hidden_layers):
+                    skipped.append(key)                          # MTP layers sit past the last decoder layer
+                    continue
+                raw[name] = st.get_tensor(key)
+    weights = {}
+    for name, t in raw.items():
+        if name.endswith(".weight_scale_inv"):
+            continue
+        scale = raw.get(name + "_scale_inv")
+        weights[name] = dequantize_fp8(t, scale, block) if scale is not None else t.float()
+    return weights, skipped
 
 
 def _read_json(path: Path) -> dict:
@@ -22,10 +69,6 @@ def _read_json(path: Path) -> dict:
         return {}
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read {path}: {e}") from None
-
-
-def _our_name(key: str) -> str:
-    return key[len("model."):] if key.startswith("model.") else key
 
 
 def _chat_template(folder: Path, tok_config: dict) -> str:
@@ -41,25 +84,29 @@ def _chat_template(folder: Path, tok_config: dict) -> str:
 
 
 def load_hf_dir(folder: Path, *, name: str | None = None) -> Checkpoint:
-    from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
     folder = Path(folder)
     raw = _read_json(folder / "config.json")
-    if raw.get("model_type") not in _SUPPORTED:
-        raise ModelError(f"{folder}: model_type {raw.get('model_type')!r} is not supported yet "
-                         f"(supported: {', '.join(sorted(_SUPPORTED))})")
-    config = ModelConfig.from_dict(raw)
+    model_type = raw.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ModelError(f"{folder}: model_type {model_type!r} is not supported yet "
+                         f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    try:
+        config = config_class(model_type).from_dict(raw)
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"{folder}/config.json: {e}") from None
+    quant = raw.get("quantization_config") or {}
+    block = tuple(quant.get("weight_block_size") or (128, 128))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{folder} holds no .safetensors weights")
     if not (folder / "tokenizer.json").is_file():
         raise ModelError(f"{folder} has no tokenizer.json")
-    weights = {}
     digest = hashlib.sha256()
     for f in files:
         digest.update(file_digest(f).encode())
-        weights.update({_our_name(k): v.float() for k, v in load_file(str(f)).items()})
+    weights, skipped = _read_weights(files, model_type, config, block)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok_config = _read_json(folder / "tokenizer_config.json")
     gen_config = _read_json(folder / "generation_config.json")
@@ -76,4 +123,4 @@ def load_hf_dir(folder: Path, *, name: str | None = None) -> Checkpoint:
                             eos_token=token_text(tok_config.get("eos_token")))
     return Checkpoint(name=name or folder.name, config=config, weights=weights,
                       tokenizer=TextTokenizer(tok, template, eos_ids),
-                      digest=digest.hexdigest(), source=str(folder))
+                      digest=digest.hexdigest(), source=str(folder), meta={"skipped": skipped})

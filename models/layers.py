@@ -1,21 +1,58 @@
-"""Pieces every decoder here shares: RMSNorm and rotary position embeddings."""
+"""Pieces every decoder here shares: RMSNorm, rotary position embeddings, the gated MLP."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
+    """RMSNorm scaling by `weight + offset`: offset 0 (Llama) or 1 (Gemma style, MiniMax-M3)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return (xf * (self.weight.float() + self.offset)).to(x.dtype)
+
+
+def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU as Llama, Qwen and MiniMax-M2 use it."""
+    return F.silu(gate) * up
+
+
+def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """MiniMax-M3's SwiGLU (gpt-oss style): gate clamped from above, up to [-limit, limit],
+    `gate * sigmoid(alpha * gate) * (up + 1)`."""
+
+    def glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return gate * torch.sigmoid(gate * alpha) * (up + 1.0)
+
+    return glu
+
+
+class GatedMLP(nn.Module):
+    """down(glu(gate(x), up(x))): the dense MLP and one MoE expert."""
+
+    def __init__(self, hidden: int, intermediate: int, glu: Callable = silu_glu):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.glu = glu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
 
 
 class RotaryEmbedding:
@@ -46,7 +83,13 @@ class RotaryEmbedding:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., T, D] by angles whose cos, sin broadcast to it ([T, D] or [..., T, D])."""
+    """Rotate x [..., T, D] by angles whose cos, sin broadcast to it ([T, R] or [..., T, R]).
+
+    With R < D (partial RoPE) only the first R channels rotate; the rest pass through.
+    """
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)

@@ -33,10 +33,15 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(t, self.n_heads, d).transpose(0, 1)        # q: [Hq, T, D]
         k = self.k_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)     # k: [Hkv, T, D]
         v = self.v_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)
+        q, k = self.qk_norm(q, k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)                            # [Hkv, q_start+T, D]
         out = attend(q, keys, values, cache, layer, q_start, rope)          # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [Hq, T, D], k [Hkv, T, D] before RoPE: none in Llama; Qwen3 and MiniMax normalize here."""
+        return q, k
 
 
 class MLP(nn.Module):
@@ -51,12 +56,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    attention_class = Attention   # other families swap in their own attention and MLP
+    mlp_class = MLP
+
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = self.attention_class(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = self.mlp_class(config)
 
     def forward(self, x, cos, sin, cache, layer, q_start, rope):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, q_start, rope)
@@ -64,16 +72,19 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    block_class = Block           # the decoder layer, built as block_class(config, layer index)
+    norm_offset = 0.0             # RMSNorm scales by weight + norm_offset (1: Gemma style)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(self.block_class(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta)
 
     def new_cache(self, capacity: int = 0, settings: AttentionSettings | None = None,
                   storage_dir=None) -> KVCache:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from .architectures import model_class
 from .checkpoint import Checkpoint, load_state
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
@@ -30,7 +31,7 @@ class LoadedModel:
 
 def build_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> Transformer:
     with torch.device("meta"):
-        model = Transformer(ckpt.config)
+        model = model_class(ckpt.config.architecture)(ckpt.config)
     load_state(model, {k: v.to(dtype) for k, v in ckpt.weights.items()}, source=ckpt.source)
     return model.eval()
 

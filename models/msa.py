@@ -30,6 +30,9 @@ from .layers import RotaryEmbedding, apply_rope
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
            q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
     """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D]. Returns [Hq, Tq, D]."""
+    observe = getattr(cache, "observe_queries", None)    # msa_cli's sources: which blocks these queries read
+    if observe is not None:
+        observe(layer, q, q_start)
     s = cache.settings
     tq = q.shape[1]
     n_dense = int(min(max(s.sparse_from - q_start, 0), tq))
@@ -107,5 +110,5 @@ def _move_far_blocks(k_sel, row, window_first, block_size, rope):
     shift_blocks = torch.where(far, (window_first - row.long()) - (n_far - slot), 0)   # [Hkv, K], >= 0
     shift = (shift_blocks * block_size).repeat_interleave(block_size, dim=1)           # [Hkv, K*B]
     cos, sin = rope.cos_sin(shift.flatten())
-    d = k_sel.shape[-1]
-    return apply_rope(k_sel, cos.view(hkv, -1, d), sin.view(hkv, -1, d))
+    r = cos.shape[-1]                                                                  # rotated channels (partial RoPE: < D)
+    return apply_rope(k_sel, cos.view(hkv, -1, r), sin.view(hkv, -1, r))

@@ -1,0 +1,111 @@
+"""Weight-only quantization of the embedded model: memory, speed and perplexity per precision.
+
+For fp32 (the GGUF's Q4_1 weights dequantized: the reference), bf16, int8 (per channel) and
+int4 (groups of 32, asymmetric: the GGUF's Q4_1 blocks carried over), reports the bytes of
+the model's weights, prefill and decode tokens/s, and perplexity on a fixed text: Python
+standard library source files, read at run time (the repository holds no text it did not
+write). Perplexity uses dense attention, so only the weights differ between rows.
+
+    python benchmarks/quantization.py [--tokens 2048] [--prefill 512] [--decode 32] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from msa_models.attention_settings import AttentionSettings
+from msa_models.loading import load_model
+from msa_models.quantize import quantize_model
+
+STDLIB_FILES = ["textwrap.py", "json/decoder.py", "argparse.py"]   # read in this order
+PRECISIONS = ["fp32", "bf16", "int8", "int4"]
+
+
+def stdlib_text() -> str:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return "\n".join((root / name).read_text(encoding="utf-8") for name in STDLIB_FILES)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def perplexity(model, ids: torch.Tensor, chunk: int = 512) -> float:
+    cache = model.new_cache(settings=AttentionSettings(mode="dense"))
+    nll, n = 0.0, 0
+    for start in range(0, len(ids) - 1, chunk):
+        piece = ids[start:start + chunk]
+        logits = model(piece, cache, all_logits=True)
+        target = ids[start + 1:start + 1 + len(piece)]
+        nll += F.cross_entropy(logits[: len(target)], target, reduction="sum").item()
+        n += len(target)
+    return float(torch.exp(torch.tensor(nll / n)))
+
+
+def speed(model, ids: torch.Tensor, n_prefill: int, n_decode: int) -> tuple[float, float]:
+    cache = model.new_cache()
+    t0 = time.perf_counter()
+    logits = model(ids[:n_prefill], cache)
+    t1 = time.perf_counter()
+    for _ in range(n_decode):
+        logits = model(logits.argmax().view(1), cache)
+    t2 = time.perf_counter()
+    return n_prefill / (t1 - t0), n_decode / (t2 - t1)
+
+
+def run(precision: str, ids: torch.Tensor, args) -> dict:
+    loaded = load_model("smollm2-135m", converted_root=args.converted_root)
+    model = loaded.model
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    elif precision in ("int8", "int4"):
+        quantize_model(model, precision)
+    speed(model, ids, 64, 2)                                    # warm up (int4 packs its weights once)
+    prefill, decode = speed(model, ids, args.prefill, args.decode)
+    return {"precision": precision, "weight_mb": round(weight_bytes(model) / 1e6, 1),
+            "prefill_tok_s": round(prefill, 1), "decode_tok_s": round(decode, 1),
+            "perplexity": round(perplexity(model, ids[: args.tokens]), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=2048, help="tokens of text for perplexity")
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--decode", type=int, default=32)
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--converted-root", type=Path, default=None, help="where to keep the converted GGUF")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_model("smollm2-135m", converted_root=args.converted_root).tokenizer
+    ids = torch.tensor(tokenizer.encode(stdlib_text()))
+    if len(ids) < max(args.tokens, args.prefill + args.decode):
+        raise SystemExit(f"the text has only {len(ids)} tokens")
+    print(f"text: {', '.join(STDLIB_FILES)} ({len(ids)} tokens), threads {torch.get_num_threads()}")
+    print(f"{'precision':<10}{'weights MB':>11}{'prefill tok/s':>15}{'decode tok/s':>14}{'perplexity':>12}")
+    rows = []
+    for precision in args.precisions.split(","):
+        row = run(precision, ids, args)
+        rows.append(row)
+        print(f"{precision:<10}{row['weight_mb']:>11}{row['prefill_tok_s']:>15}{row['decode_tok_s']:>14}"
+              f"{row['perplexity']:>12}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Each supported architecture by its `model_type`: config class and model class."""
+
+from __future__ import annotations
+
+import importlib
+
+from .config import MiniMaxM2Config, MiniMaxM3Config, ModelConfig, Qwen3Config
+from .errors import ModelError
+
+# model_type -> (config class, "module:ModelClass")
+ARCHITECTURES = {
+    "llama": (ModelConfig, "llama:Transformer"),
+    "qwen3": (Qwen3Config, "qwen3:Qwen3"),
+    "minimax_m2": (MiniMaxM2Config, "minimax_m2:MiniMaxM2"),
+    "minimax_m3_vl": (MiniMaxM3Config, "minimax_m3:MiniMaxM3"),
+}
+
+
+def _entry(architecture: str):
+    if architecture not in ARCHITECTURES:
+        raise ModelError(f"architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[architecture]
+
+
+def config_class(architecture: str) -> type[ModelConfig]:
+    return _entry(architecture)[0]
+
+
+def model_class(architecture: str):
+    module, name = _entry(architecture)[1].split(":")
+    return getattr(importlib.import_module(f".{module}", __package__), name)

@@ -1,0 +1,90 @@
+"""Weight-only int8 / int4 quantization: PyTorch's CPU kernels against dequantize-then-matmul."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_close
+from msa_models import ModelConfig, Transformer
+from msa_models.quantize import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, load_quantized,
+                                 quantize_int4, quantize_int8, quantize_model, quantize_weights, reference_linear,
+                                 save_quantized, swap_linears)
+
+
+@pytest.fixture
+def weight():
+    torch.manual_seed(0)
+    return torch.randn(96, 192) * 0.1
+
+
+def test_int8_rounds_each_weight_to_half_a_step(weight):
+    q, scale = quantize_int8(weight)
+    assert q.dtype == torch.int8 and scale.shape == (96,)
+    err = (dequantize_int8(q, scale) - weight).abs()
+    assert (err <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_int4_rounds_each_weight_to_half_a_step(weight):
+    packed, scale, lo = quantize_int4(weight, 32)
+    assert packed.shape == (96, 96) and scale.shape == (96, 6)
+    err = (dequantize_int4(packed, scale, lo) - weight).abs().view(96, 6, 32)
+    assert (err <= scale[..., None] / 2 + 1e-7).all()
+
+
+def test_gguf_q4_1_blocks_carry_over_unchanged():
+    """Q4_1 is int4 with groups of 32: requantizing its dequantized weights loses nothing."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    w = (np.random.default_rng(0).standard_normal((8, 128)) * 0.1).astype(np.float32)
+    t = gguf.GGMLQuantizationType.Q4_1
+    q41 = torch.from_numpy(dequantize(quantize(w, t), t).reshape(8, 128).copy())
+    assert_close(dequantize_int4(*quantize_int4(q41, 32)), q41, atol=1e-6, what="Q4_1 round trip")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 7, 40])  # 40: above PREFILL_ROWS
+def test_kernels_match_dequantize_then_matmul(weight, mode, rows):
+    linear = torch.nn.Linear(192, 96, bias=False)
+    linear.weight.data = weight
+    model = torch.nn.Sequential(linear)
+    state = quantize_weights(model, mode)
+    swap_linears(model, mode)
+    model.load_state_dict(state)
+    assert isinstance(model[0], Int8Linear if mode == "int8" else Int4Linear)
+    x = torch.randn(rows, 192)
+    # fp32 accumulation in a different order: ~1e-6 of outputs of size ~1
+    assert_close(model(x), reference_linear(x, state, "0", mode), atol=1e-4, what=f"{mode} kernel")
+
+
+@pytest.mark.parametrize("mode,atol", [("int8", 1e-4), ("int4", 1e-4)])
+def test_quantized_model_matches_its_dequantized_twin(mode, atol):
+    torch.manual_seed(1)
+    model = Transformer(ModelConfig.tiny(hidden_size=64, intermediate_size=128, num_attention_heads=4)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1) if p.dim() > 1 else p.fill_(1.0)
+    twin = copy.deepcopy(model)
+    state = quantize_weights(model, mode)
+    with torch.no_grad():   # the twin: plain Linear layers holding the dequantized weights
+        for name, module in twin.named_modules():
+            if f"{name}.weight" in state and isinstance(module, torch.nn.Linear):
+                module.weight = torch.nn.Parameter(reference_linear(torch.eye(module.in_features), state, name, mode).T.contiguous())
+    quantize_model(model, mode)
+    assert isinstance(model.lm_head, Int8Linear if mode == "int8" else Int4Linear)
+    tokens = torch.arange(40) % 256
+    got = model(tokens, model.new_cache(), all_logits=True)
+    assert_close(got, twin(tokens, twin.new_cache(), all_logits=True), atol=atol, what=f"{mode} model")
+
+
+def test_mode_and_group_size_live_in_the_metadata(tmp_path, weight):
+    model = torch.nn.Sequential(torch.nn.Linear(192, 96, bias=False))
+    state = quantize_weights(model, "int4", 64)
+    save_quantized(tmp_path / "q.safetensors", state, "int4", 64)
+    again, mode, group = load_quantized(tmp_path / "q.safetensors")
+    assert (mode, group) == ("int4", 64)
+    assert all(torch.equal(again[k], state[k]) for k in state)
