@@ -26,7 +26,7 @@ class AttentionSettings:
 
     mode: str = "auto"
     block_size: int | None = None     # tokens per KV block (None: the model's own, 64 by default)
-    topk: int = 16
+    topk: int = 8
     local_blocks: int = 1
     sink_blocks: int = 1
     dense_tokens: int = 1024

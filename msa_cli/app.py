@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 import typer
+from msa_models.attention_settings import AttentionSettings  # a plain dataclass: no torch import
 
 from . import __version__
 from .cache_commands import cache_app
@@ -40,7 +41,7 @@ AttentionOption = typer.Option(
     "auto", "--attention", envvar="MSA_ATTENTION", show_envvar=True,
     help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
          "dense: every token reads every earlier one (up to the model's context); msa: block selection throughout.")
-TopkOption = typer.Option(8, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
+TopkOption = typer.Option(AttentionSettings.topk, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
 BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
 
