@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from msa_models.attention_settings import AttentionSettings  # a plain dataclass: no torch import
@@ -44,6 +44,7 @@ AttentionOption = typer.Option(
 TopkOption = typer.Option(AttentionSettings.topk, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
 BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
+HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
 
 
 def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
@@ -69,8 +70,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command(epilog=EXIT_CODES_HELP)
 @reports_errors
 def ask(
-    path: str = typer.Argument(..., help="A text file, or - to read the document from stdin."),
-    question: str = typer.Argument(..., help="The question about the document."),
+    args: List[str] = typer.Argument(..., metavar="PATH... QUESTION",
+                                     help="Text files or directories (- reads stdin), then the question."),
     model: str = ModelOption,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Stop the answer after this many tokens."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."),
@@ -87,32 +88,41 @@ def ask(
     topk: int = TopkOption,
     block_size: Optional[int] = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
+    sources: bool = typer.Option(False, "--sources", help="After the answer, list the passages the model read (file, lines, score)."),
+    hidden: bool = HiddenOption,
 ):
     """Answer a question about a document, streaming the answer to stdout.
+
+    Several files, or a directory (walked with .gitignore honoured), are read as one document,
+    each file under a header line with its path.
 
     The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
     the next question about the same document reads only the question.
     """
     from .ask import AskSettings, process_start_time, stream_answer
-    from .documents import read_document
+    from .context import read_context
     from .output import write_stdout
     from .paths import cache_dir as resolve_cache_dir
     from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
     from .runtime import load, set_threads
 
     started_at = process_start_time()
+    if len(args) < 2:
+        raise typer.BadParameter("give at least one PATH and a QUESTION", param_hint="PATH... QUESTION")
+    paths, question = args[:-1], args[-1]
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
-    document = read_document(path)
+    document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
     set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
                            show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
-                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv")
+                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
+                           sources=sources, summary=document.joined and not (quiet or json_out))
     answer, pieces = stream_answer(loaded, document, question, settings)
     for piece in pieces:
         if not json_out:
@@ -121,6 +131,86 @@ def ask(
         print(json.dumps(answer.as_json(load_s=load_s, started_at=started_at), ensure_ascii=False))
     else:
         write_stdout("\n")
+        if sources:
+            write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in answer.sources or []))
+
+
+def _warn_unless(quiet: bool):
+    """One line on stderr per skipped file, unless --quiet."""
+    if quiet:
+        return lambda message: None
+    return lambda message: print(f"msa: {message}", file=sys.stderr, flush=True)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+@reports_errors
+def chat(
+    context: List[str] = typer.Option(..., "--context", "-c", help="A text file or directory to talk about (repeatable; - reads stdin)."),
+    model: str = ModelOption,
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Stop each answer after this many tokens."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system prompt in place of the model's default."),
+    threads: Optional[int] = ThreadsOption,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
+    cache_dir: Optional[str] = CacheDirOption,
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache."),
+    cache_ro: bool = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it."),
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: Optional[int] = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    hidden: bool = HiddenOption,
+):
+    """Talk about documents: read them once, then answer question after question.
+
+    On a terminal: a prompt with history; /help lists the commands (/reset, /context, /sources,
+    /stats, /save FILE, /exit); Ctrl-C stops an answer, Ctrl-D leaves. With stdin not a terminal,
+    one question per line, each answer on stdout.
+    """
+    from .ask import AskSettings
+    from .chat import ChatSession, run_repl, run_scripted
+    from .context import read_context
+    from .paths import cache_dir as resolve_cache_dir
+    from .paths import data_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .runtime import load, set_threads
+
+    if top_p == 0:
+        raise typer.BadParameter("must be > 0", param_hint="--top-p")
+    attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if "-" in context and not interactive:
+        raise typer.BadParameter("stdin carries the questions; - cannot be a --context here", param_hint="--context")
+    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                      max_bytes=budget_from_env(), read_only=cache_ro)
+    documents = read_context(context, hidden=hidden, warn=_warn_unless(quiet))
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir)
+    settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                           system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
+                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
+                           sources=True, summary=not quiet)
+    session = ChatSession(loaded, documents, settings)
+    session.read_documents()
+    if interactive:
+        run_repl(session, data_dir() / "chat_history")
+    else:
+        run_scripted(session, sys.stdin)
+
+
+@app.command("models")
+@reports_errors
+def models_command(json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per model.")):
+    """Known models: installed or not, size on disk, context length, source."""
+    from .models_list import model_rows, print_models
+
+    rows = model_rows()
+    if json_out:
+        print(json.dumps(rows))
+    else:
+        print_models(rows)
 
 
 @bench_app.command("e2e")

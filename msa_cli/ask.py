@@ -1,4 +1,4 @@
-"""`msa ask`: one document, one question, one streamed answer."""
+"""`msa ask`: one document (or several files joined), one question, one streamed answer."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import psutil
 from msa_models.attention_settings import AttentionSettings
 from msa_models.errors import InputTooLongError
 
+from .context import Context, ContextFile
 from .documents import Document
 from .generate import Generation, Timings, prefill
 from .output import reading_progress
 from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prompt import Prompt, build_prompt
 from .sampling import Sampler
+from .sources import SourceTracker
 
 
 def process_start_time() -> float:
@@ -37,6 +39,8 @@ class AskSettings:
     prefix_cache: CacheOptions | None = None   # None: neither read nor write it (--no-cache)
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     kv_spill_dir: Path | None = None        # K/V too large for memory go to files here
+    sources: bool = False                   # track which blocks the answer read (`Answer.sources`)
+    summary: bool = False                   # one line on stderr before reading: files, tokens, skipped
 
 
 @dataclass
@@ -48,10 +52,12 @@ class Answer:
     cached_tokens: int = 0
     text: str = ""
     timings: Timings | None = None
+    sources: list | None = None             # `sources.Source`s, once the answer is complete (--sources)
 
     def as_json(self, *, load_s: float, started_at: float) -> dict:
         t = self.timings
         first = t.first_token_at if t and t.first_token_at else time.time()
+        extra = {} if self.sources is None else {"sources": [s.as_json() for s in self.sources]}
         return {
             "answer": self.text,
             "model": self.model,
@@ -64,10 +70,11 @@ class Answer:
             "ttft_s": round(first - started_at, 4),
             "prefill_tok_s": round(t.prefill_tok_s, 2),
             "decode_tok_s": round(t.decode_tok_s, 2),
+            **extra,
         }
 
 
-def stream_answer(loaded, document: Document, question: str,
+def stream_answer(loaded, document: Document | Context, question: str,
                   settings: AskSettings) -> tuple[Answer, Iterator[str]]:
     """Prefill the prompt and return the answer record and an iterator of text pieces."""
     tok = loaded.tokenizer
@@ -86,6 +93,13 @@ def stream_answer(loaded, document: Document, question: str,
         capacity = min(limit, capacity)
     cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
                                    storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+    if settings.summary:
+        _stderr_note(reading_summary(document, prompt))
+    tracker = None
+    if settings.sources:
+        tracker = SourceTracker(cache, doc_start=len(prompt.head), doc_end=prompt.context_length)
+        tracker.restart(prompt.context_length, prompt.context_length + prompt.question_at, len(ids) - 1)
+        cache.observe_queries = tracker
     stored = open_prefix_cache(loaded, cache, prompt, document, settings)
     answer.cached_tokens = stored.restore(cache) if stored else 0
     timings = Timings(prefill_tokens=len(ids) - answer.cached_tokens)
@@ -104,8 +118,24 @@ def stream_answer(loaded, document: Document, question: str,
             if text:
                 answer.text += text
                 yield text
+        if tracker is not None:
+            answer.sources = tracker.sources(prompt, _as_context(document))
 
     return answer, pieces()
+
+
+def _as_context(document: Document | Context) -> Context:
+    if isinstance(document, Context):
+        return document
+    return Context(name=document.name, text=document.text, files=[ContextFile(document.name, 0, len(document.text))])
+
+
+def reading_summary(context: Document | Context, prompt: Prompt) -> str:
+    """`reading 12 files, 3,456 tokens (2 skipped)`."""
+    files = len(context.files) if isinstance(context, Context) else 1
+    skipped = len(context.skipped) if isinstance(context, Context) else 0
+    line = f"reading {files:,} file{'s' if files != 1 else ''}, {len(prompt.document):,} tokens"
+    return line + (f" ({skipped:,} skipped)" if skipped else "")
 
 
 def _storage_for(config, n_tokens: int, spill_dir: Path | None) -> Path | None:

@@ -6,12 +6,13 @@ depend on the question: that is what lets a prefix cache reuse them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from msa_models.errors import ModelError
 from msa_models.tokenizer import TextTokenizer
 
 _DOCUMENT_SLOT = "\u2063msa-document\u2063"
+_ANSWER_SLOT = "\u2063msa-answer\u2063"
 # The document sits between tags so the model sees where it ends and the question begins.
 _USER_MESSAGE = (
     "Read this document, then answer the question after it.\n\n"
@@ -24,6 +25,9 @@ class Prompt:
     head: list[int]       # template text before the document (system prompt, user turn start)
     document: list[int]
     tail: list[int]       # the question and the start of the assistant's turn
+    # (start, end) character offsets in the document text of each document token, for sources
+    document_offsets: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    question_at: int = 0  # tail[:question_at] is template text before the question (sources' baseline)
 
     @property
     def ids(self) -> list[int]:
@@ -43,4 +47,31 @@ def build_prompt(tokenizer: TextTokenizer, document: str, question: str, *,
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")
     head, tail = text.split(_DOCUMENT_SLOT)
-    return Prompt(tokenizer.encode(head), tokenizer.encode(document), tokenizer.encode(tail))
+    encoded = tokenizer.tokenizer.encode(document, add_special_tokens=False)
+    tail_ids = tokenizer.encode(tail)
+    return Prompt(tokenizer.encode(head), list(encoded.ids), tail_ids, document_offsets=list(encoded.offsets),
+                  question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids))
+
+
+def _tokens_before(tokenizer: TextTokenizer, text: str, question: str, ids: list[int]) -> int:
+    """How many of `ids` (the tokens of `text`) come before `question` in it."""
+    at = text.find(question) if question else -1
+    if at <= 0:
+        return 0
+    before = tokenizer.encode(text[:at].rstrip())
+    return len(before) if ids[:len(before)] == before else 0
+
+
+def next_turn(tokenizer: TextTokenizer, question: str, *, system: str | None = None) -> tuple[list[int], int]:
+    """Token ids that close the assistant's answer and ask `question` in a new user turn (a
+    chat's turns after the first): the template's own text between an answer and the next one;
+    and how many of them come before the question."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [{"role": "user", "content": "..."}, {"role": "assistant", "content": _ANSWER_SLOT},
+                 {"role": "user", "content": question.strip()}]
+    text = tokenizer.template.render(messages, add_generation_prompt=True)
+    if text.count(_ANSWER_SLOT) != 1:
+        raise ModelError("the model's chat template does not keep the assistant's message intact")
+    turn = text.split(_ANSWER_SLOT, 1)[1]
+    ids = tokenizer.encode(turn)
+    return ids, _tokens_before(tokenizer, turn, question.strip(), ids)

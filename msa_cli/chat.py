@@ -1,0 +1,239 @@
+"""`msa chat`: questions, one after another, about documents read once.
+
+The documents are read into one KV cache when the chat starts (through the prefix cache, as
+`msa ask` reads them, so an ask and a chat about the same file share it). Each turn appends
+its question and answer to that cache, so turn N computes only its own tokens. `/reset`
+truncates the cache back to the documents. On a terminal it is a REPL (prompt_toolkit, with
+history in the data directory); otherwise it reads one question per line and prints answers
+plainly, for scripts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from msa_models.errors import InputTooLongError, MsaError
+
+from .ask import AskSettings, _storage_for, open_prefix_cache, reading_summary
+from .context import Context
+from .generate import Generation, Timings, prefill
+from .output import reading_progress, write_stdout
+from .prompt import build_prompt, next_turn
+from .sampling import Sampler
+from .sources import SourceTracker
+
+HELP = """\
+/help          this list
+/reset         forget the conversation, keep the documents
+/context       the documents loaded
+/sources       the passages the last answer read
+/stats         tokens, cache hits, speed
+/save FILE     write the conversation to FILE (Markdown)
+/exit          leave (or Ctrl-D)"""
+
+
+@dataclass
+class Turn:
+    question: str
+    answer: str
+    sources: list
+    timings: Timings
+    stopped: bool = False
+
+
+class ChatSession:
+    def __init__(self, loaded, context: Context, settings: AskSettings):
+        self.loaded, self.context, self.settings = loaded, context, settings
+        tok = loaded.tokenizer
+        self.prompt = build_prompt(tok, context.text, "", system=settings.system)   # head + documents
+        self.context_length = self.prompt.context_length
+        self.limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
+        if self.limit is not None and self.context_length >= self.limit:
+            raise InputTooLongError(f"{context.name}: the documents are {self.context_length:,} tokens, but "
+                                    f"{loaded.name} reads at most {self.limit:,} with dense attention")
+        capacity = self.context_length + settings.max_tokens + 256
+        self.cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
+                                            storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+        self.tracker = SourceTracker(self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length)
+        self.cache.observe_queries = self.tracker
+        self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
+        self.seq: list[int] = []        # the conversation's tokens; the cache holds seq[:cache.length]
+        self.turns: list[Turn] = []
+        self.cached_tokens = 0
+        self.read_s = 0.0
+
+    def read_documents(self) -> None:
+        """Restore what the prefix cache holds of the documents and prefill the rest."""
+        if self.settings.summary:
+            print(f"msa: {reading_summary(self.context, self.prompt)}", file=sys.stderr, flush=True)
+        ids = self.prompt.head + self.prompt.document
+        stored = open_prefix_cache(self.loaded, self.cache, self.prompt, self.context, self.settings)
+        self.cached_tokens = stored.restore(self.cache) if stored else 0
+        start = time.perf_counter()
+        with reading_progress(len(ids) - self.cache.length, enabled=self.settings.show_progress) as advance:
+            def chunk_done(n: int) -> None:
+                advance(n)
+                if stored:
+                    stored.save(self.cache)
+
+            if self.cache.length < len(ids):
+                prefill(self.loaded.model, self.cache, ids[self.cache.length:], progress=chunk_done)
+        self.read_s = time.perf_counter() - start
+        self.seq = list(ids)
+
+    def reset(self) -> None:
+        self.cache.truncate(self.context_length)
+        del self.seq[self.context_length:]
+        self.turns.clear()
+
+    def ask(self, question: str) -> Iterator[str]:
+        """Stream the answer to `question`; the turn is recorded when the iterator ends or is cut short."""
+        tok = self.loaded.tokenizer
+        if self.turns:
+            tail, question_at = next_turn(tok, question, system=self.settings.system)
+        else:
+            first = build_prompt(tok, "", question, system=self.settings.system)
+            tail, question_at = first.tail, first.question_at
+        if self.limit is not None and len(self.seq) + len(tail) >= self.limit:
+            raise InputTooLongError(f"the conversation would be {len(self.seq) + len(tail):,} tokens, more than "
+                                    f"{self.limit:,} with dense attention: /reset to start again")
+        new = self.seq[self.cache.length:] + tail
+        self.tracker.restart(self.cache.length, len(self.seq) + question_at, len(self.seq) + len(tail) - 1)
+        self.seq += tail
+        timings = Timings(prefill_tokens=len(new))
+        turn = Turn(question, "", [], timings, stopped=True)
+        answer_ids: list[int] = []
+        try:
+            start = time.perf_counter()
+            logits = prefill(self.loaded.model, self.cache, new)
+            timings.prefill_s = time.perf_counter() - start
+            generation = Generation(self.loaded.model, self.cache, logits, self.sampler, self.settings.max_tokens,
+                                    stop_ids=tok.eos_ids, context_limit=self.limit, timings=timings)
+            decoder = tok.stream()
+            for token in generation:
+                answer_ids.append(token)
+                text = decoder.push(token)
+                if text:
+                    turn.answer += text
+                    yield text
+            turn.stopped = False
+        finally:
+            self.seq += answer_ids
+            # a step cut short (Ctrl-C) may have summarized a block it never finished: forget that
+            self.cache.truncate(self.cache.length)
+            turn.sources = self.tracker.sources(self.prompt, self.context)
+            self.turns.append(turn)
+
+    def stats(self) -> str:
+        lines = [f"documents: {len(self.context.files):,} files, {len(self.prompt.document):,} tokens "
+                 f"({self.cached_tokens:,} from the prefix cache)",
+                 f"conversation: {len(self.turns)} turns, {len(self.seq) - self.context_length:,} tokens; "
+                 f"KV cache: {self.cache.length:,} tokens"]
+        if self.turns:
+            t = self.turns[-1].timings
+            lines.append(f"last answer: {t.prefill_tokens:,} tokens read at {t.prefill_tok_s:,.1f} tok/s, "
+                         f"{t.generated_tokens:,} written at {t.decode_tok_s:,.1f} tok/s")
+        return "\n".join(lines)
+
+    def context_lines(self) -> str:
+        lines = [f"{f.path}" for f in self.context.files]
+        lines += [f"(skipped {path}: {reason})" for path, reason in self.context.skipped]
+        return "\n".join(lines)
+
+    def sources_lines(self) -> str:
+        if not self.turns:
+            return "no answer yet"
+        return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
+
+    def markdown(self) -> str:
+        out = ["# msa chat", "", "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files), ""]
+        for turn in self.turns:
+            out += [f"**Question:** {turn.question}", "", turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""), ""]
+            if turn.sources:
+                out += ["Sources:", ""] + [f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
+                                           for s in turn.sources] + [""]
+        return "\n".join(out)
+
+
+def command(session: ChatSession, line: str) -> str | None:
+    """Run a /command; returns what to print, or None to leave the chat."""
+    name, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit"):
+        return None
+    if name == "/help":
+        return HELP
+    if name == "/reset":
+        session.reset()
+        return "conversation forgotten; the documents stay loaded"
+    if name == "/context":
+        return session.context_lines()
+    if name == "/sources":
+        return session.sources_lines()
+    if name == "/stats":
+        return session.stats()
+    if name == "/save":
+        if not arg:
+            return "usage: /save FILE"
+        try:
+            Path(arg).expanduser().write_text(session.markdown(), encoding="utf-8")
+        except OSError as e:
+            return f"cannot write {arg}: {e.strerror}"
+        return f"saved to {arg}"
+    return f"unknown command {name} (try /help)"
+
+
+def run_scripted(session: ChatSession, lines) -> None:
+    """stdin is not a terminal: one question (or /command) per line, plain answers on stdout."""
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            reply = command(session, line)
+            if reply is None:
+                return
+            write_stdout(reply + "\n")
+            continue
+        for piece in session.ask(line):
+            write_stdout(piece)
+        write_stdout("\n")
+
+
+def run_repl(session: ChatSession, history_file: Path, *, terminal_input=None, terminal_output=None) -> None:
+    """A terminal: line editing and history; Ctrl-C stops an answer, Ctrl-D leaves.
+    (`terminal_input`/`terminal_output`: prompt_toolkit's, for tests.)"""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+
+    history_file.parent.mkdir(parents=True, exist_ok=True)
+    prompt = PromptSession(history=FileHistory(str(history_file)), input=terminal_input, output=terminal_output)
+    print("Ask about the documents; /help lists commands, Ctrl-D leaves.", file=sys.stderr)
+    while True:
+        try:
+            line = prompt.prompt("> ").strip()
+        except KeyboardInterrupt:
+            continue
+        except EOFError:
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            reply = command(session, line)
+            if reply is None:
+                return
+            print(reply)
+            continue
+        try:
+            for piece in session.ask(line):
+                write_stdout(piece)
+            write_stdout("\n")
+        except KeyboardInterrupt:
+            write_stdout("\n")
+            print("(stopped)", file=sys.stderr)
+        except MsaError as e:
+            print(f"msa: error: {e}", file=sys.stderr)

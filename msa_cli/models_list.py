@@ -1,0 +1,58 @@
+"""`msa models`: the registry's known models, and which of them are on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from msa_models.errors import ModelError
+
+
+def _installed_path(model) -> Path | None:
+    """Where the model's files are here: its package's file, or a Hugging Face hub snapshot."""
+    from msa_models.registry import hub_snapshot, packaged_file
+
+    if getattr(model, "package", None):
+        try:
+            return packaged_file(model)
+        except ModelError:
+            return None
+    hub_id = getattr(model, "hub_id", None)
+    return hub_snapshot(hub_id) if hub_id else None
+
+
+def _size_on_disk(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    # hub snapshots link to blobs: stat follows the links, so each file counts its real bytes
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def model_rows() -> list[dict]:
+    from msa_models.registry import KNOWN_MODELS
+
+    rows = []
+    for model in KNOWN_MODELS.values():
+        path = _installed_path(model)
+        rows.append({
+            "name": model.name,
+            "description": getattr(model, "description", ""),
+            "installed": path is not None,
+            "path": str(path) if path else None,
+            "size_bytes": _size_on_disk(path) if path else None,
+            "context_length": model.context_length,
+            "source": getattr(model, "package", None) and f"pip: {model.package}" or f"hf: {model.hub_id}",
+        })
+    return rows
+
+
+def print_models(rows: list[dict]) -> None:
+    from .prefix_cache import format_size
+
+    table = [("NAME", "INSTALLED", "SIZE", "CONTEXT", "SOURCE")]
+    for r in rows:
+        table.append((r["name"], "yes" if r["installed"] else "no",
+                      format_size(r["size_bytes"]) if r["size_bytes"] is not None else "-",
+                      f"{r['context_length']:,}", r["source"]))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
