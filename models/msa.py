@@ -10,6 +10,7 @@ not the input's length; before it, MSA attends at true positions.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from msa_kernels import (
     dense_attention,
@@ -20,7 +21,6 @@ from msa_kernels import (
     sparse_decode_attention,
     sparse_prefill_attention,
 )
-from msa_kernels.masked_attention import softmax_attend
 from msa_kernels.selected_tokens import gather_selected_tokens
 
 from .kv_cache import KVCache
@@ -94,7 +94,8 @@ def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rop
         q_pos = torch.arange(q_start + lo, q_start + hi)
         qg = q[:, lo:hi].float().reshape(hkv, group * (hi - lo), d)                    # [Hkv, G*Tb, D]
         allowed = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos.repeat(group)[None, :, None])
-        o, _ = softmax_attend((qg @ k_sel.mT) * scale, allowed, v_sel)                 # [Hkv, G*Tb, D]
+        # every query may read at least its own token, so no row is fully masked
+        o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=scale)  # [Hkv, G*Tb, D]
         out[:, lo:hi] = o.reshape(hq, hi - lo, d).to(q.dtype)
     return out
 

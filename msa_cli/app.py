@@ -55,6 +55,16 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
     return AttentionSettings(mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks)
 
 
+def _print_rows(rows: list[dict], json_out: bool, title: str) -> None:
+    """A JSON array on stdout, or a table for people."""
+    if json_out:
+        print(json.dumps(rows))
+    else:
+        from .bench import print_table
+
+        print_table(rows, title=title)
+
+
 def _version(value: bool):
     if value:
         print(f"msa {__version__}")
@@ -222,19 +232,21 @@ def bench_e2e(
     threads: Optional[int] = ThreadsOption,
     json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per length."),
     cache_dir: Optional[str] = CacheDirOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: Optional[int] = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
 ):
     """Prefill and decode speed of a model at each context length."""
-    from .bench import parse_lengths, print_table, run_e2e
+    from .bench import parse_lengths, run_e2e
     from .runtime import load, set_threads
 
     lengths = parse_lengths(length)
+    settings = _attention_settings(attention, topk, block_size, local_blocks)
     n_threads = set_threads(threads)
     loaded, _ = load(model, cache=cache_dir)
-    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens)
-    if json_out:
-        print(json.dumps(rows))
-    else:
-        print_table(rows, title=f"msa bench e2e: {loaded.name}, {n_threads} threads")
+    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings)
+    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {attention} attention, {n_threads} threads")
 
 
 @bench_app.command("attention")
@@ -250,17 +262,14 @@ def bench_attention(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per length."),
 ):
     """One decode step of one layer's attention (the embedded model's shapes), dense against MSA."""
-    from .bench import parse_lengths, print_table, run_attention
+    from .bench import parse_lengths, run_attention
     from .runtime import set_threads
 
     lengths = parse_lengths(length)
     n_threads = set_threads(threads)
     rows = run_attention(lengths, n_heads=9, n_kv_heads=3, head_dim=64, block_size=block_size, topk=topk,
                          local_blocks=local_blocks, sink_blocks=1, device=device, repeats=repeats)
-    if json_out:
-        print(json.dumps(rows))
-    else:
-        print_table(rows, title=f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} threads")
+    _print_rows(rows, json_out, f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} threads")
 
 
 @eval_app.command("passkey")
@@ -297,10 +306,8 @@ def eval_passkey(
     if json_out:
         print(json.dumps(rows))
     else:
-        from .bench import print_table
-
-        print_table([{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows],
-                    title=f"msa eval passkey: {loaded.name}")
+        summary = [{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows]
+        _print_rows(summary, False, f"msa eval passkey: {loaded.name}")
 
 
 def main() -> None:

@@ -32,8 +32,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_e2e(loaded, lengths: list[int], *, decode_tokens: int) -> list[dict]:
-    """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length."""
+def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None) -> list[dict]:
+    """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
+    under the attention `settings` (AttentionSettings; None: the defaults)."""
     import torch
 
     from .generate import prefill
@@ -43,7 +44,7 @@ def run_e2e(loaded, lengths: list[int], *, decode_tokens: int) -> list[dict]:
     rows = []
     for length in lengths:
         ids = torch.randint(256, loaded.config.vocab_size, (length,), generator=generator).tolist()
-        cache = model.new_cache(capacity=length + decode_tokens)
+        cache = model.new_cache(capacity=length + decode_tokens, settings=settings)
         start = time.perf_counter()
         logits = prefill(model, cache, ids)
         prefill_s = time.perf_counter() - start
