@@ -6,17 +6,8 @@ import pytest
 import torch
 
 from conftest import assert_close
-from msa_models import ModelConfig, Transformer
+from tiny_checkpoints import tiny_model
 from msa_models.kv_cache import KVCache
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig.tiny(**overrides)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (8, 1)])

@@ -8,19 +8,10 @@ import pytest
 import torch
 
 from conftest import assert_close
-from msa_models import ModelConfig, Transformer
+from tiny_checkpoints import tiny_model
 from msa_models.attention_settings import AttentionSettings
 from msa_models.layers import RotaryEmbedding, apply_rope
 from msa_models.msa import _select, _sparse_repositioned
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig.tiny(**overrides)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (3, 3), (8, 1)])

@@ -50,6 +50,18 @@ def random_llama_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
     return weights
 
 
+def tiny_model(**overrides):
+    """A tiny random Llama-family model (ModelConfig.tiny) with seeded weights."""
+    from msa_models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(**overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
 def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
     """What llama.cpp's converter does to Llama q/k rows (interleaved RoPE pairs)."""
     out, cols = w.shape
