@@ -37,6 +37,13 @@ CacheDirOption = typer.Option(None, "--cache-dir", envvar="MSA_CACHE_DIR", show_
                               help="Where msa keeps converted models and caches. [default: $XDG_CACHE_HOME/msa]")
 
 
+MaxTokensOption = typer.Option(256, "--max-tokens", "-n", min=1, help="Stop an answer after this many tokens.")
+TemperatureOption = typer.Option(0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy).")
+TopPOption = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0).")
+SeedOption = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers.")
+SystemOption = typer.Option(None, "--system", help="A system prompt in place of the model's default.")
+NoCacheOption = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache.")
+CacheRoOption = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it.")
 AttentionOption = typer.Option(
     "auto", "--attention", envvar="MSA_ATTENTION", show_envvar=True,
     help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
@@ -83,17 +90,17 @@ def ask(
     args: List[str] = typer.Argument(..., metavar="PATH... QUESTION",
                                      help="Text files or directories (- reads stdin), then the question."),
     model: str = ModelOption,
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Stop the answer after this many tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers."),
-    system: Optional[str] = typer.Option(None, "--system", help="A system prompt in place of the model's default."),
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_p: float = TopPOption,
+    seed: Optional[int] = SeedOption,
+    system: Optional[str] = SystemOption,
     threads: Optional[int] = ThreadsOption,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with the answer and figures, at the end."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
     cache_dir: Optional[str] = CacheDirOption,
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache."),
-    cache_ro: bool = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it."),
+    no_cache: bool = NoCacheOption,
+    cache_ro: bool = CacheRoOption,
     attention: str = AttentionOption,
     topk: int = TopkOption,
     block_size: Optional[int] = BlockSizeOption,
@@ -157,16 +164,16 @@ def _warn_unless(quiet: bool):
 def chat(
     context: List[str] = typer.Option(..., "--context", "-c", help="A text file or directory to talk about (repeatable; - reads stdin)."),
     model: str = ModelOption,
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Stop each answer after this many tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers."),
-    system: Optional[str] = typer.Option(None, "--system", help="A system prompt in place of the model's default."),
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_p: float = TopPOption,
+    seed: Optional[int] = SeedOption,
+    system: Optional[str] = SystemOption,
     threads: Optional[int] = ThreadsOption,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
     cache_dir: Optional[str] = CacheDirOption,
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache."),
-    cache_ro: bool = typer.Option(False, "--cache-ro", help="Read the prefix cache, write nothing to it."),
+    no_cache: bool = NoCacheOption,
+    cache_ro: bool = CacheRoOption,
     attention: str = AttentionOption,
     topk: int = TopkOption,
     block_size: Optional[int] = BlockSizeOption,
