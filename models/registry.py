@@ -9,6 +9,7 @@ recount them.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,11 +97,43 @@ def model_table() -> list[dict]:
     return [m.summary() for m in KNOWN_MODELS.values()]
 
 
+def hub_cache_root() -> Path:
+    """The Hugging Face hub cache, found as huggingface-hub finds it, from the environment now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg_cache) / "huggingface" / "hub"
+
+
+def hub_repo_folder(hub_id: str) -> Path:
+    """Where the hub cache keeps every file of the model repository `hub_id`."""
+    return hub_cache_root() / f"models--{hub_id.replace('/', '--')}"
+
+
+def snapshot_is_complete(folder: Path) -> bool:
+    """config.json and the weights: model.safetensors, or every shard its index names.
+
+    The hub cache links a file into a snapshot only once it is fully downloaded, so a pull that
+    was interrupted leaves a snapshot that this says is incomplete.
+    """
+    if not (folder / "config.json").is_file():
+        return False
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all((folder / shard).is_file() for shard in shards)
+    return any(p.is_file() for p in folder.glob("*.safetensors"))
+
+
 def hub_snapshot(hub_id: str) -> Path | None:
-    """The newest local snapshot of `hub_id` in the Hugging Face hub cache, if one holds a config.json."""
-    root = os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    snapshots = Path(root) / f"models--{hub_id.replace('/', '--')}" / "snapshots"
-    found = [d for d in snapshots.glob("*") if (d / "config.json").is_file()] if snapshots.is_dir() else []
+    """The newest complete snapshot of `hub_id` in the Hugging Face hub cache, if any."""
+    snapshots = hub_repo_folder(hub_id) / "snapshots"
+    found = [d for d in snapshots.glob("*") if snapshot_is_complete(d)] if snapshots.is_dir() else []
     return max(found, key=lambda d: d.stat().st_mtime) if found else None
 
 
@@ -162,6 +195,6 @@ def resolve(spec: str) -> ModelSource:
 def _from_hub(name: str, hub_id: str) -> ModelSource:
     folder = hub_snapshot(hub_id)
     if folder is None:
-        raise ModelError(f"model {name}: {hub_id} is not downloaded (no snapshot in the Hugging Face hub cache); "
-                         f"download it, or pass its directory to --model")
+        raise ModelError(f"model {name}: {hub_id} is not downloaded (no complete snapshot in the Hugging Face hub "
+                         f"cache); run `msa pull {name}`, or pass its directory to --model")
     return ModelSource(name, folder, "hf")

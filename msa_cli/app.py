@@ -51,6 +51,8 @@ AttentionOption = typer.Option(
 TopkOption = typer.Option(AttentionSettings.topk, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
 BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
+QuietOption = typer.Option(False, "--quiet", "-q", envvar="MSA_QUIET", show_envvar=True,
+                           help="Nothing on stderr but errors: no progress, notes or warnings.")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
 
 
@@ -217,10 +219,18 @@ def chat(
         run_scripted(session, sys.stdin)
 
 
-@app.command("models")
+models_app = typer.Typer(help="Known models, installed or not; `msa models rm NAME` deletes one's files.",
+                         invoke_without_command=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback()
 @reports_errors
-def models_command(json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per model.")):
+def models_command(ctx: typer.Context,
+                   json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per model.")):
     """Known models: installed or not, size on disk, context length, source."""
+    if ctx.invoked_subcommand is not None:
+        return
     from .models_list import model_rows, print_models
 
     rows = model_rows()
@@ -228,6 +238,38 @@ def models_command(json_out: bool = typer.Option(False, "--json", help="Print a 
         print(json.dumps(rows))
     else:
         print_models(rows)
+
+
+@models_app.command("rm", epilog=EXIT_CODES_HELP)
+@reports_errors
+def models_rm(name: str = typer.Argument(..., metavar="NAME", help="A pulled model (registry name or hub id owner/name), "
+                                                   "or a model whose GGUF file msa converted (name or .gguf path)."),
+              cache_dir: Optional[str] = CacheDirOption):
+    """Delete a pulled model's files, or the converted copy msa keeps of a GGUF model."""
+    from .model_removal import remove_model
+    from .paths import cache_dir as resolve_cache_dir
+    from .paths import converted_models_dir
+    from .prefix_cache import format_size
+
+    for r in remove_model(name, converted_models_dir(resolve_cache_dir(cache_dir))):
+        print(f"removed {name}: {r.what}, {format_size(r.size_bytes)}, {r.path}")
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+@reports_errors
+def pull(model: str = typer.Argument(..., metavar="MODEL", help="A registry name (see `msa models`) or a Hugging Face "
+                                                               "repository id, owner/name."),
+         quiet: bool = QuietOption):
+    """Download a model from the Hugging Face hub (HF_ENDPOINT, default huggingface.co).
+
+    Only safetensors weights, config and tokenizer files are fetched, into the hub cache (HF_HOME);
+    an interrupted pull keeps the files it finished, and pulling again fetches the rest. Prints
+    the model's folder; afterwards `--model MODEL` loads it.
+    """
+    from .pull import pull as pull_model
+
+    folder = pull_model(model, quiet=quiet, note=_warn_unless(quiet))
+    print(folder)
 
 
 @bench_app.command("e2e")

@@ -99,5 +99,8 @@ def test_hub_models_resolve_to_the_hub_cache(tmp_path, monkeypatch):
     snapshot = tmp_path / "models--Qwen--Qwen3-4B" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match="not downloaded"):   # no weights yet: an interrupted pull
+        resolve("qwen3-4b")
+    (snapshot / "model.safetensors").write_bytes(b"")
     assert resolve("qwen3-4b").path == snapshot and resolve("qwen3-4b").format == "hf"
     assert resolve("Qwen/Qwen3-4B").path == snapshot
