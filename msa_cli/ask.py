@@ -127,7 +127,8 @@ def stream_answer(loaded, document: Document | Context, question: str,
 def _as_context(document: Document | Context) -> Context:
     if isinstance(document, Context):
         return document
-    return Context(name=document.name, text=document.text, files=[ContextFile(document.name, 0, len(document.text))])
+    whole = ContextFile(document.name, 0, len(document.text), document.sections)
+    return Context(name=document.name, text=document.text, files=[whole])
 
 
 def reading_summary(context: Document | Context, prompt: Prompt) -> str:

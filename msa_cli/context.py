@@ -12,10 +12,13 @@ are skipped unless `hidden`; symbolic links are followed only to regular files i
 tree, never to folders; FIFOs, sockets and devices are skipped; binary files (a NUL byte in
 the first 8 KiB), files over `max_file_bytes` and unreadable files are skipped with one
 warning each. Text that is not UTF-8 is read as Latin-1 (every byte is a character there),
-with a warning.
+with a warning. PDF, EPUB and HTML files are turned into text (`converters`, the `msa[docs]`
+extra; without it they are skipped with a warning that says how to install it), and their
+size limit applies to that text.
 
 Every file keeps its place in the joined text (`ContextFile.start/end`, character offsets of
-its content), so a character offset maps back to a file and a 1-based line: `locate`.
+its content), so a character offset maps back to a file and a 1-based line: `locate`; and,
+in a converted document, to its page or chapter: `ContextFile.section_at`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from msa_models.errors import InputError
 
+from .converters import convert, format_of
 from .documents import read_document
 
 MAX_FILE_BYTES = 4_000_000   # about a million tokens: larger files are skipped from directories
@@ -41,7 +45,13 @@ class ContextFile:
     path: str            # as shown in headers and sources ("-" for stdin)
     start: int           # character offsets of the file's content in the joined text
     end: int
+    sections: list[tuple[int, str]] = field(default_factory=list)   # (offset in the joined text, "page 3")
     _line_starts: list[int] = field(default_factory=list, repr=False)
+
+    def section_at(self, offset: int) -> str | None:
+        """The page or chapter of a converted document that holds the character at `offset`."""
+        i = bisect.bisect_right([start for start, _ in self.sections], offset)
+        return self.sections[i - 1][1] if i else None
 
     def line_at(self, text: str, offset: int) -> int:
         """1-based line, within this file, of the character at `offset` of the joined text."""
@@ -86,8 +96,8 @@ def read_context(paths: list[str], *, hidden: bool = False, max_file_bytes: int 
         raise InputError("no document given")
     if len(paths) == 1 and (paths[0] == "-" or not os.path.isdir(paths[0])):
         doc = read_document(paths[0])
-        return Context(name=doc.name, text=doc.text, files=[ContextFile(doc.name, 0, len(doc.text))])
-    entries: list[tuple[str, str]] = []       # (shown path, text)
+        return Context(name=doc.name, text=doc.text, files=[ContextFile(doc.name, 0, len(doc.text), doc.sections)])
+    entries: list[tuple[str, str, list]] = []       # (shown path, text, sections)
     skipped: list[tuple[str, str]] = []
 
     def skip(path: str, reason: str) -> None:
@@ -97,23 +107,24 @@ def read_context(paths: list[str], *, hidden: bool = False, max_file_bytes: int 
     for arg in paths:
         if arg != "-" and os.path.isdir(arg):
             for shown, full in _walk(arg, hidden=hidden, skip=skip):
-                text = _read_text(full, shown, max_file_bytes, skip=skip, warn=warn)
-                if text is not None:
-                    entries.append((shown, text))
+                read = _read_text(full, shown, max_file_bytes, skip=skip, warn=warn)
+                if read is not None:
+                    entries.append((shown, *read))
         else:
             doc = read_document(arg)     # a file named on the command line must be readable text
-            entries.append((doc.name, doc.text))
+            entries.append((doc.name, doc.text, doc.sections))
     if not entries:
         raise InputError(f"{', '.join(paths)}: no text files to read")
     pieces, files, offset = [], [], 0
-    for shown, text in entries:
+    for shown, text, sections in entries:
         if files:
             pieces.append("\n")
             offset += 1
         head = header(shown)
         body = text if text.endswith("\n") or not text else text + "\n"
         pieces += [head, body]
-        files.append(ContextFile(shown, offset + len(head), offset + len(head) + len(text)))
+        start = offset + len(head)
+        files.append(ContextFile(shown, start, start + len(text), [(start + at, label) for at, label in sections]))
         offset += len(head) + len(body)
     return Context(name=" ".join(paths), text="".join(pieces), files=files, skipped=skipped, joined=True)
 
@@ -197,10 +208,12 @@ def _ignored(rules: dict[str, list], rel: str, *, is_dir: bool) -> bool:
     return verdict
 
 
-def _read_text(full: str, shown: str, max_file_bytes: int, *, skip, warn) -> str | None:
+def _read_text(full: str, shown: str, max_file_bytes: int, *, skip, warn) -> tuple[str, list] | None:
+    """(text, sections) of a file met in a directory, or None when it is skipped (with a warning)."""
+    kind = format_of(full)
     try:
         size = os.stat(full).st_size
-        if size > max_file_bytes:
+        if size > max_file_bytes and not kind:
             skip(shown, f"larger than {max_file_bytes:,} bytes ({size:,})")
             return None
         with open(full, "rb") as f:
@@ -208,11 +221,21 @@ def _read_text(full: str, shown: str, max_file_bytes: int, *, skip, warn) -> str
     except OSError as e:
         skip(shown, f"cannot read ({e.strerror})")
         return None
+    if kind:
+        try:
+            converted = convert(shown, data)
+        except InputError as e:
+            skip(shown, str(e).removeprefix(f"{shown}: "))
+            return None
+        if len(converted.text) > max_file_bytes:
+            skip(shown, f"its text is longer than {max_file_bytes:,} characters ({len(converted.text):,})")
+            return None
+        return converted.text, converted.sections
     if b"\x00" in data[:_SNIFF]:
         skip(shown, "binary")
         return None
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8-sig"), []
     except UnicodeDecodeError as e:
         warn(f"{shown}: not UTF-8 (invalid byte at offset {e.start}), read as Latin-1")
-        return data.decode("latin-1")
+        return data.decode("latin-1"), []

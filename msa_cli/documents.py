@@ -1,13 +1,18 @@
-"""Read a document from a path or stdin, refusing what is not readable text."""
+"""Read a document from a path or stdin, refusing what is not readable text.
+
+PDF, EPUB and HTML files are turned into text by `converters` (the `msa[docs]` extra).
+"""
 
 from __future__ import annotations
 
 import os
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from msa_models.errors import InputError
+
+from .converters import convert, format_of
 
 _SNIFF = 8192
 
@@ -16,6 +21,7 @@ _SNIFF = 8192
 class Document:
     name: str   # the path as given, or "-" for stdin
     text: str
+    sections: list[tuple[int, str]] = field(default_factory=list)   # (offset, "page 3") of a PDF, EPUB, HTML
 
 
 def _decode(data: bytes, name: str) -> str:
@@ -50,4 +56,7 @@ def read_document(path: str) -> Document:
             data = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    if format_of(path):
+        converted = convert(path, data)
+        return Document(path, converted.text, converted.sections)
     return Document(path, _decode(data, path))

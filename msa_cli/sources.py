@@ -15,8 +15,8 @@ the document's last block whatever it holds, and it pushed the passage that hold
 down in our test.)
 
 Blocks are token ranges; the prompt's token offsets map them to characters of the document
-and `Context.locate` to files and lines. A block that spans two files is a part in each, its
-score shared by characters.
+and `Context.locate` to files and lines. A block that spans two files, or two pages or
+chapters of a converted document, is a part in each, its score shared by characters.
 """
 
 from __future__ import annotations
@@ -39,18 +39,21 @@ class Source:
     end_line: int
     score: float
     text: str
+    section: str | None = None     # the page or chapter of a PDF, EPUB or HTML document
 
     def as_json(self) -> dict:
+        extra = {} if self.section is None else {"section": self.section}
         return {"path": self.path, "start_line": self.start_line, "end_line": self.end_line,
-                "score": round(self.score, 4), "text": self.text}
+                "score": round(self.score, 4), "text": self.text, **extra}
 
     def line(self) -> str:
-        """`path:12-18  0.31  excerpt...`, one line for a terminal."""
+        """`path:12-18  0.31  excerpt...` (`path:12-18 (page 3)  ...` in a PDF), one line for a terminal."""
         lines = f"{self.start_line}" if self.start_line == self.end_line else f"{self.start_line}-{self.end_line}"
+        where = f" ({self.section})" if self.section else ""
         excerpt = " ".join(self.text.split())
         if len(excerpt) > EXCERPT_CHARS:
             excerpt = excerpt[:EXCERPT_CHARS - 3] + "..."
-        return f"{self.path}:{lines}  {self.score:.2f}  {excerpt}"
+        return f"{self.path}:{lines}{where}  {self.score:.2f}  {excerpt}"
 
 
 class SourceTracker:
@@ -123,10 +126,12 @@ def _block_sources(block: int, score: float, block_size: int, prompt: Prompt, co
         return []
     start, end = prompt.document_offsets[first][0], prompt.document_offsets[last - 1][1]
     spans = []
-    for f, lo, hi in context.locate(start, end):
-        text = context.text[lo:hi]
-        if text.strip():        # the lines of the part's first and last visible characters
-            spans.append((f, lo + len(text) - len(text.lstrip()), hi - (len(text) - len(text.rstrip()))))
+    for f, file_lo, file_hi in context.locate(start, end):
+        cuts = [at for at, _ in f.sections if file_lo < at < file_hi]     # pages or chapters that start inside
+        for lo, hi in zip([file_lo, *cuts], [*cuts, file_hi]):
+            text = context.text[lo:hi]
+            if text.strip():        # the lines of the part's first and last visible characters
+                spans.append((f, lo + len(text) - len(text.lstrip()), hi - (len(text) - len(text.rstrip()))))
     chars = sum(hi - lo for _, lo, hi in spans)
     return [Source(f.path, f.line_at(context.text, lo), f.line_at(context.text, hi - 1),
-                   score * (hi - lo) / chars, context.text[lo:hi]) for f, lo, hi in spans]
+                   score * (hi - lo) / chars, context.text[lo:hi], f.section_at(lo)) for f, lo, hi in spans]
