@@ -53,6 +53,8 @@ BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV 
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
 QuietOption = typer.Option(False, "--quiet", "-q", envvar="MSA_QUIET", show_envvar=True,
                            help="Nothing on stderr but errors: no progress, notes or warnings.")
+VerboseOption = typer.Option(False, "--verbose", "-v", envvar="MSA_VERBOSE", show_envvar=True,
+                             help="More on stderr: the model and settings used, and each answer's figures.")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
 
 
@@ -99,7 +101,8 @@ def ask(
     system: Optional[str] = SystemOption,
     threads: Optional[int] = ThreadsOption,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with the answer and figures, at the end."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
+    quiet: bool = QuietOption,
+    verbose: bool = VerboseOption,
     cache_dir: Optional[str] = CacheDirOption,
     no_cache: bool = NoCacheOption,
     cache_ro: bool = CacheRoOption,
@@ -118,7 +121,7 @@ def ask(
     The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
     the next question about the same document reads only the question.
     """
-    from .ask import AskSettings, process_start_time, stream_answer
+    from .ask import AskSettings, answer_figures, process_start_time, stream_answer
     from .context import read_context
     from .output import write_stdout
     from .paths import cache_dir as resolve_cache_dir
@@ -126,6 +129,7 @@ def ask(
     from .runtime import load, set_threads
 
     started_at = process_start_time()
+    _check_verbosity(quiet, verbose)
     if len(args) < 2:
         raise typer.BadParameter("give at least one PATH and a QUESTION", param_hint="PATH... QUESTION")
     paths, question = args[:-1], args[-1]
@@ -135,23 +139,44 @@ def ask(
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
     document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
-    set_threads(threads)
+    n_threads = set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir)
+    if verbose:
+        _note(_model_line(loaded, load_s, n_threads, attention_settings))
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
                            show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
                            attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
-                           sources=sources, summary=document.joined and not (quiet or json_out))
+                           sources=sources, summary=not (quiet or json_out), speed_dir=resolve_cache_dir(cache_dir))
     answer, pieces = stream_answer(loaded, document, question, settings)
     for piece in pieces:
         if not json_out:
             write_stdout(piece)
+    if verbose:
+        _note(answer_figures(answer.timings, prompt_tokens=answer.prompt_tokens, cached_tokens=answer.cached_tokens))
     if json_out:
         print(json.dumps(answer.as_json(load_s=load_s, started_at=started_at), ensure_ascii=False))
     else:
         write_stdout("\n")
         if sources:
             write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in answer.sources or []))
+
+
+def _check_verbosity(quiet: bool, verbose: bool) -> None:
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose contradict each other", param_hint="--verbose")
+
+
+def _note(message: str) -> None:
+    print(f"msa: {message}", file=sys.stderr, flush=True)
+
+
+def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
+    """--verbose: which model, from where, and the settings that shape reading."""
+    block = attention.block_size or "the model's"
+    return (f"model {loaded.name} ({loaded.source}), loaded in {load_s:.2f} s; {n_threads} threads; "
+            f"attention {attention.mode}, top-k {attention.topk}, block size {block}, "
+            f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}")
 
 
 def _warn_unless(quiet: bool):
@@ -172,7 +197,8 @@ def chat(
     seed: Optional[int] = SeedOption,
     system: Optional[str] = SystemOption,
     threads: Optional[int] = ThreadsOption,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes on stderr."),
+    quiet: bool = QuietOption,
+    verbose: bool = VerboseOption,
     cache_dir: Optional[str] = CacheDirOption,
     no_cache: bool = NoCacheOption,
     cache_ro: bool = CacheRoOption,
@@ -187,6 +213,9 @@ def chat(
     On a terminal: a prompt with history; /help lists the commands (/reset, /context, /sources,
     /stats, /save FILE, /exit); Ctrl-C stops an answer, Ctrl-D leaves. With stdin not a terminal,
     one question per line, each answer on stdout.
+
+    The documents' K/V go to the prefix cache (budget: MSA_CACHE_MAX, default 10G), shared with
+    msa ask.
     """
     from .ask import AskSettings
     from .chat import ChatSession, run_repl, run_scripted
@@ -196,6 +225,7 @@ def chat(
     from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
     from .runtime import load, set_threads
 
+    _check_verbosity(quiet, verbose)
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
@@ -205,12 +235,14 @@ def chat(
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
     documents = read_context(context, hidden=hidden, warn=_warn_unless(quiet))
-    set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
+    n_threads = set_threads(threads)
+    loaded, load_s = load(model, cache=cache_dir)
+    if verbose:
+        _note(_model_line(loaded, load_s, n_threads, attention_settings))
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
                            attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
-                           sources=True, summary=not quiet)
+                           sources=True, summary=not quiet, verbose=verbose, speed_dir=resolve_cache_dir(cache_dir))
     session = ChatSession(loaded, documents, settings)
     session.read_documents()
     if interactive:

@@ -19,8 +19,11 @@ from .generate import Generation, Timings, prefill
 from .output import reading_progress
 from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prompt import Prompt, build_prompt
+from .read_speed import duration, known_speed, record_speed, speed_key
 from .sampling import Sampler
 from .sources import SourceTracker
+
+LONG_READ_TOKENS = 4096    # a single document this long (to read) gets the summary line too
 
 
 def process_start_time() -> float:
@@ -40,7 +43,9 @@ class AskSettings:
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     kv_spill_dir: Path | None = None        # K/V too large for memory go to files here
     sources: bool = False                   # track which blocks the answer read (`Answer.sources`)
-    summary: bool = False                   # one line on stderr before reading: files, tokens, skipped
+    summary: bool = False                   # one line on stderr before a long read: files, tokens, skipped, time
+    verbose: bool = False                   # a line of figures on stderr after each answer
+    speed_dir: Path | None = None           # where read speeds are remembered (`read_speed`), for the estimate
 
 
 @dataclass
@@ -93,8 +98,6 @@ def stream_answer(loaded, document: Document | Context, question: str,
         capacity = min(limit, capacity)
     cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
                                    storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
-    if settings.summary:
-        _stderr_note(reading_summary(document, prompt))
     tracker = None
     if settings.sources:
         tracker = SourceTracker(cache, doc_start=len(prompt.head), doc_end=prompt.context_length)
@@ -103,10 +106,16 @@ def stream_answer(loaded, document: Document | Context, question: str,
     stored = open_prefix_cache(loaded, cache, prompt, document, settings)
     answer.cached_tokens = stored.restore(cache) if stored else 0
     timings = Timings(prefill_tokens=len(ids) - answer.cached_tokens)
+    speed = read_speed_key(loaded, settings)
+    joined = isinstance(document, Context) and document.joined
+    if settings.summary and (joined or timings.prefill_tokens >= LONG_READ_TOKENS):
+        _stderr_note(reading_summary(document, prompt, cached_tokens=answer.cached_tokens,
+                                     tok_s=known_speed(settings.speed_dir, speed)))
     start = time.perf_counter()
     with reading_progress(timings.prefill_tokens, enabled=settings.show_progress) as advance:
         logits = prefill_prompt(loaded.model, cache, prompt, stored, progress=advance)
     timings.prefill_s = time.perf_counter() - start
+    record_speed(settings.speed_dir, speed, timings.prefill_tokens, timings.prefill_s)
     generation = Generation(loaded.model, cache, logits, sampler, settings.max_tokens,
                             stop_ids=tok.eos_ids, context_limit=limit, timings=timings)
     answer.timings = timings
@@ -131,12 +140,35 @@ def _as_context(document: Document | Context) -> Context:
     return Context(name=document.name, text=document.text, files=[whole])
 
 
-def reading_summary(context: Document | Context, prompt: Prompt) -> str:
-    """`reading 12 files, 3,456 tokens (2 skipped)`."""
+def reading_summary(context: Document | Context, prompt: Prompt, *, cached_tokens: int = 0,
+                    tok_s: float | None = None) -> str:
+    """`reading 12 files, 3,456 tokens (2 skipped), 1,024 from the prefix cache; about 6 s at 410 tok/s`."""
     files = len(context.files) if isinstance(context, Context) else 1
     skipped = len(context.skipped) if isinstance(context, Context) else 0
-    line = f"reading {files:,} file{'s' if files != 1 else ''}, {len(prompt.document):,} tokens"
-    return line + (f" ({skipped:,} skipped)" if skipped else "")
+    tokens = len(prompt.document)
+    line = f"reading {files:,} file{'s' if files != 1 else ''}, {tokens:,} tokens"
+    line += f" ({skipped:,} skipped)" if skipped else ""
+    from_cache = min(max(cached_tokens - len(prompt.head), 0), tokens)
+    line += f", {from_cache:,} from the prefix cache" if from_cache else ""
+    to_read = len(prompt.head) + tokens - cached_tokens
+    if tok_s and to_read > 0:
+        line += f"; about {duration(to_read / tok_s)} at {tok_s:,.0f} tok/s"
+    return line
+
+
+def read_speed_key(loaded, settings: AskSettings) -> str:
+    import torch
+
+    return speed_key(loaded, torch.get_num_threads(), settings.attention.mode)
+
+
+def answer_figures(timings: Timings, *, prompt_tokens: int | None = None, cached_tokens: int = 0) -> str:
+    """What --verbose prints after an answer."""
+    head = "" if prompt_tokens is None else (f"{prompt_tokens:,} prompt tokens "
+                                             f"({cached_tokens:,} from the prefix cache), ")
+    return (f"{head}{timings.prefill_tokens:,} read in {timings.prefill_s:.2f} s ({timings.prefill_tok_s:,.1f} tok/s); "
+            f"{timings.generated_tokens:,} written at {timings.decode_tok_s:,.1f} tok/s; "
+            f"finish: {timings.finish_reason or 'interrupted'}")
 
 
 def _storage_for(config, n_tokens: int, spill_dir: Path | None) -> Path | None:

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from msa_models.errors import InputTooLongError, MsaError
 
-from .ask import AskSettings, _storage_for, open_prefix_cache, reading_summary
+from .ask import AskSettings, _storage_for, answer_figures, open_prefix_cache, read_speed_key, reading_summary
 from .context import Context
 from .generate import Generation, Timings, prefill
 from .output import reading_progress, write_stdout
 from .prompt import build_prompt, next_turn
+from .read_speed import known_speed, record_speed
 from .sampling import Sampler
 from .sources import SourceTracker
 
@@ -68,11 +69,14 @@ class ChatSession:
 
     def read_documents(self) -> None:
         """Restore what the prefix cache holds of the documents and prefill the rest."""
-        if self.settings.summary:
-            print(f"msa: {reading_summary(self.context, self.prompt)}", file=sys.stderr, flush=True)
         ids = self.prompt.head + self.prompt.document
         stored = open_prefix_cache(self.loaded, self.cache, self.prompt, self.context, self.settings)
         self.cached_tokens = stored.restore(self.cache) if stored else 0
+        speed = read_speed_key(self.loaded, self.settings)
+        if self.settings.summary:
+            summary = reading_summary(self.context, self.prompt, cached_tokens=self.cached_tokens,
+                                      tok_s=known_speed(self.settings.speed_dir, speed))
+            print(f"msa: {summary}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         with reading_progress(len(ids) - self.cache.length, enabled=self.settings.show_progress) as advance:
             def chunk_done(n: int) -> None:
@@ -83,6 +87,7 @@ class ChatSession:
             if self.cache.length < len(ids):
                 prefill(self.loaded.model, self.cache, ids[self.cache.length:], progress=chunk_done)
         self.read_s = time.perf_counter() - start
+        record_speed(self.settings.speed_dir, speed, len(ids) - self.cached_tokens, self.read_s)
         self.seq = list(ids)
 
     def reset(self) -> None:
@@ -127,6 +132,12 @@ class ChatSession:
             self.cache.truncate(self.cache.length)
             turn.sources = self.tracker.sources(self.prompt, self.context)
             self.turns.append(turn)
+
+    def after_answer(self) -> None:
+        """--verbose: the last answer's figures on stderr."""
+        if self.settings.verbose and self.turns:
+            figures = answer_figures(self.turns[-1].timings)
+            print(f"msa: {figures}; the conversation is {len(self.seq):,} tokens", file=sys.stderr, flush=True)
 
     def stats(self) -> str:
         lines = [f"documents: {len(self.context.files):,} files, {len(self.prompt.document):,} tokens "
@@ -202,6 +213,7 @@ def run_scripted(session: ChatSession, lines) -> None:
         for piece in session.ask(line):
             write_stdout(piece)
         write_stdout("\n")
+        session.after_answer()
 
 
 def run_repl(session: ChatSession, history_file: Path, *, terminal_input=None, terminal_output=None) -> None:
@@ -232,6 +244,7 @@ def run_repl(session: ChatSession, history_file: Path, *, terminal_input=None, t
             for piece in session.ask(line):
                 write_stdout(piece)
             write_stdout("\n")
+            session.after_answer()
         except KeyboardInterrupt:
             write_stdout("\n")
             print("(stopped)", file=sys.stderr)

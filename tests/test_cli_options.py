@@ -1,0 +1,152 @@
+"""The rest of the command line: environment variables in --help, --verbose and --quiet, the
+summary (with its time estimate) before a long read, and shell completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from msa_cli.app import app
+
+
+def _commands(group, prefix=()):
+    """(words, command) of every command and group under `group` (Typer's own click, duck-typed)."""
+    for name, command in group.commands.items():
+        yield (*prefix, name), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*prefix, name))
+
+
+def test_every_flag_with_an_environment_variable_shows_it_in_help():
+    runner = CliRunner()
+    seen = set()
+    for path, command in _commands(typer.main.get_command(app)):
+        help_text = runner.invoke(app, [*path, "--help"]).stdout
+        flat = " ".join(help_text.split())
+        for param in command.params:
+            if param.param_type_name == "option" and param.envvar:
+                assert param.show_envvar, f"msa {' '.join(path)} {param.opts[0]} hides {param.envvar}"
+                assert f"env var: {param.envvar}" in flat, f"msa {' '.join(path)} --help lacks {param.envvar}"
+                seen.add(param.envvar)
+    assert {"MSA_MODEL", "MSA_THREADS", "MSA_CACHE_DIR", "MSA_ATTENTION", "MSA_QUIET", "MSA_VERBOSE"} <= seen
+    for command in ("ask", "chat"):       # MSA_CACHE_MAX is no flag: the help text names it
+        assert "MSA_CACHE_MAX" in runner.invoke(app, [command, "--help"]).stdout
+
+
+@pytest.mark.parametrize("args", [["ask", "doc.txt", "q"], ["chat", "-c", "doc.txt"]])
+def test_quiet_and_verbose_together_are_a_usage_error(args):
+    result = CliRunner().invoke(app, [*args, "--quiet", "--verbose"])
+    assert result.exit_code == 2 and "--quiet and --verbose contradict each other" in result.stderr
+
+
+@pytest.fixture
+def notes(tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "keeper.txt").write_text("The first keeper of the lighthouse was Tobias Wren, a ship's carpenter.\n" * 10)
+    (root / "tower.txt").write_text("The tower has 112 steps and a lamp that turns twice a minute.\n" * 10)
+    return root
+
+
+@pytest.mark.slow
+def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
+    result = CliRunner().invoke(app, ["ask", str(notes), "How many steps?", "-n", "3", "--json", "--no-cache",
+                                      "--verbose", "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    model_line, figures = result.stderr.splitlines()
+    assert model_line.startswith(f"msa: model smollm2-135m ({embedded.source}), loaded in ")
+    assert model_line.endswith("; 2 threads; attention auto, top-k 8, block size the model's, 1 local block")
+    assert figures.startswith(f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "
+                              f"{out['prefill_tokens']:,} read in ")
+    assert figures.endswith(f"; {out['generated_tokens']} written at {out['decode_tok_s']:,.1f} tok/s; "
+                            f"finish: {out['finish_reason']}")
+
+
+@pytest.mark.slow
+def test_verbose_chat_prints_each_answers_figures(embedded, notes):
+    result = CliRunner().invoke(app, ["chat", "-c", str(notes), "-n", "2", "--no-cache", "-v"],
+                                input="How many steps?\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("msa: model smollm2-135m (") and lines[1].startswith("msa: reading 2 files, ")
+    assert len(lines) == 3 and lines[2].startswith("msa: ") and " written at " in lines[2]
+    assert lines[2].endswith(f"; finish: length; the conversation is {lines[2].split('conversation is ')[1]}")
+
+
+@pytest.mark.slow
+def test_the_summary_estimates_the_time_from_the_last_read_and_records_this_one(embedded, notes, isolated_home):
+    from msa_cli.context import read_context
+    from msa_cli.prompt import build_prompt
+    from msa_cli.read_speed import FILE_NAME, duration
+
+    speeds = isolated_home / ".cache" / "msa" / FILE_NAME
+    key = f"smollm2-135m:{embedded.digest[:16]}:2t:auto"
+    speeds.write_text(json.dumps({key: 40.0}))
+    prompt = build_prompt(embedded.tokenizer, read_context([str(notes)]).text, "How many steps?")
+    result = CliRunner().invoke(app, ["ask", str(notes), "How many steps?", "-n", "1", "--no-cache", "-t", "2"])
+    assert result.exit_code == 0, result.output
+    to_read = prompt.context_length
+    assert result.stderr == (f"msa: reading 2 files, {len(prompt.document):,} tokens; "
+                             f"about {duration(to_read / 40.0)} at 40 tok/s\n")
+    measured = json.loads(speeds.read_text())[key]
+    assert measured > 0 and measured != 40.0       # this read's own speed replaced it
+
+
+@pytest.mark.slow
+def test_a_long_single_document_gets_the_summary_too(embedded, tmp_path, monkeypatch):
+    from msa_cli import ask
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The tower has 112 steps.\n" * 10)
+    tokens = len(embedded.tokenizer.encode(doc.read_text()))
+    run = lambda: CliRunner().invoke(app, ["ask", str(doc), "Steps?", "-n", "1", "--no-cache"])  # noqa: E731
+    assert run().stderr == ""                                  # short: no line
+    monkeypatch.setattr(ask, "LONG_READ_TOKENS", tokens)      # as long as the threshold
+    assert run().stderr == f"msa: reading 1 file, {tokens:,} tokens\n"
+
+
+def test_duration_reads_like_a_person_would_say_it():
+    from msa_cli.read_speed import duration
+
+    assert [duration(s) for s in (0.2, 4.4, 60, 80, 3599, 3600, 7500)] == \
+        ["1 s", "4 s", "1 min", "1 min 20 s", "59 min 59 s", "1 h 0 min", "2 h 5 min"]
+
+
+def test_show_completion_prints_a_bash_script_for_msa():
+    result = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="msa")
+    assert result.exit_code == 0
+    assert "complete -o default -F _msa_completion msa" in result.stdout
+    assert "_MSA_COMPLETE=complete_bash" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_installed_bash_completion_completes_commands_and_options(tmp_path):
+    """`msa --install-completion bash`, then bash itself completes `msa mo` and `msa ask --mo`."""
+    msa = Path(sys.executable).parent / "msa"
+    if not msa.exists():
+        pytest.skip("the msa script is not installed next to this Python")
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{msa.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    install = subprocess.run([str(msa), "--install-completion", "bash"], env=env, capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    script = tmp_path / ".bash_completions" / "msa.sh"
+    assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(words)
+        code = (f"source '{script}'; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
+                f"_msa_completion msa; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        return out.stdout.split()
+
+    assert complete("msa", "mo") == ["models"]
+    assert complete("msa", "ask", "--mo") == ["--model"]
+    assert complete("msa", "models", "r") == ["rm"]
