@@ -61,18 +61,22 @@ def endpoint() -> str:
 
 def pull(name: str, *, quiet: bool, note: Callable[[str], None]) -> Path:
     """Download `name`'s files; returns the snapshot folder. Raises ModelError naming the model."""
-    from msa_models.registry import hub_cache_root, snapshot_is_complete
+    from msa_models.registry import hub_cache_root, hub_repo_folder, snapshot_is_complete
 
     hub_id = hub_id_for(name)
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise ModelError(f"cannot pull {hub_id}: HF_HUB_OFFLINE is set (downloads are off)")
+    from .output import download_progress
+
     cache = hub_cache_root()
-    with _hub_output(quiet):
+    with _quiet_hub(quiet):
         plan_files = _interruptible(lambda: _download(hub_id, cache, dry_run=True))
         plan = _plan(hub_id, plan_files)
         note(f"pulling {hub_id} from {endpoint()}: {plan.files} files, {_size(plan.bytes_total)}"
              + (f" ({_size(plan.bytes_cached)} already here)" if plan.bytes_cached else ""))
-        folder = Path(_interruptible(lambda: _download(hub_id, cache, dry_run=False)))
+        blobs = hub_repo_folder(hub_id) / "blobs"
+        with download_progress(blobs, plan.bytes_total - plan.bytes_cached, enabled=not quiet, label=hub_id):
+            folder = Path(_interruptible(lambda: _download(hub_id, cache, dry_run=False)))
     if not snapshot_is_complete(folder):
         raise ModelError(f"cannot pull {hub_id}: the download ended without config.json and all the weights")
     return folder
@@ -144,13 +148,12 @@ def _interruptible(work: Callable):
     return outcome["value"]
 
 
-class _hub_output:
-    """huggingface-hub's own progress bars (bytes, rate, time left) on a terminal unless quiet;
-    its warnings (a retried connection) on stderr unless quiet."""
+class _quiet_hub:
+    """huggingface-hub's own progress bars off (msa draws one bar for the whole pull, on a
+    terminal); its warnings (a connection retried) on stderr unless --quiet."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
-        self.bars = not quiet and sys.stderr.isatty()
 
     def __enter__(self):
         import logging
@@ -158,17 +161,16 @@ class _hub_output:
         from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
 
         self.was_disabled = are_progress_bars_disabled()
+        disable_progress_bars()
         self.logger = logging.getLogger("huggingface_hub")
         self.level = self.logger.level
-        if not self.bars:
-            disable_progress_bars()
         if self.quiet:
             self.logger.setLevel(logging.ERROR)
 
     def __exit__(self, *exc):
         from huggingface_hub.utils import enable_progress_bars
 
-        if not self.bars and not self.was_disabled:
+        if not self.was_disabled:
             enable_progress_bars()
         self.logger.setLevel(self.level)
 
