@@ -181,9 +181,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
 
 def _warn_unless(quiet: bool):
     """One line on stderr per skipped file, unless --quiet."""
-    if quiet:
-        return lambda message: None
-    return lambda message: print(f"msa: {message}", file=sys.stderr, flush=True)
+    return (lambda message: None) if quiet else _note
 
 
 @app.command(epilog=EXIT_CODES_HELP)
