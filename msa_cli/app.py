@@ -252,7 +252,10 @@ def bench_e2e(
     settings = _attention_settings(attention, topk, block_size, local_blocks)
     n_threads = set_threads(threads)
     loaded, _ = load(model, cache=cache_dir)
-    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings)
+    from .paths import cache_dir as resolve_cache_dir
+
+    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings,
+                   spill_dir=resolve_cache_dir(cache_dir) / "kv")
     _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {attention} attention, {n_threads} threads")
 
 

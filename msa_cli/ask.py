@@ -19,6 +19,7 @@ from .generate import Generation, Timings, prefill
 from .output import reading_progress
 from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prompt import Prompt, build_prompt
+from .runtime import kv_storage_dir
 from .sampling import Sampler
 from .sources import SourceTracker
 
@@ -92,7 +93,7 @@ def stream_answer(loaded, document: Document | Context, question: str,
     if limit is not None:
         capacity = min(limit, capacity)
     cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
-                                   storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+                                   storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir))
     if settings.summary:
         _stderr_note(reading_summary(document, prompt))
     tracker = None
@@ -136,14 +137,6 @@ def reading_summary(context: Document | Context, prompt: Prompt) -> str:
     skipped = len(context.skipped) if isinstance(context, Context) else 0
     line = f"reading {files:,} file{'s' if files != 1 else ''}, {len(prompt.document):,} tokens"
     return line + (f" ({skipped:,} skipped)" if skipped else "")
-
-
-def _storage_for(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
-    """Keep K/V in memory while they take at most half of the available memory, else in files."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
-        return None
-    return spill_dir
 
 
 def attention_identity(cache) -> dict:

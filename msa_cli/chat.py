@@ -18,11 +18,12 @@ from pathlib import Path
 
 from msa_models.errors import InputTooLongError, MsaError
 
-from .ask import AskSettings, _storage_for, open_prefix_cache, reading_summary
+from .ask import AskSettings, open_prefix_cache, reading_summary
 from .context import Context
 from .generate import Generation, Timings, prefill
 from .output import reading_progress, write_stdout
 from .prompt import build_prompt, next_turn
+from .runtime import kv_storage_dir
 from .sampling import Sampler
 from .sources import SourceTracker
 
@@ -57,7 +58,7 @@ class ChatSession:
                                     f"{loaded.name} reads at most {self.limit:,} with dense attention")
         capacity = self.context_length + settings.max_tokens + 256
         self.cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
-                                            storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+                                            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir))
         self.tracker = SourceTracker(self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length)
         self.cache.observe_queries = self.tracker
         self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)

@@ -47,3 +47,14 @@ def _writable_or_none(path: Path) -> Path | None:
     except OSError:
         return None
     return path if os.access(path, os.W_OK) else None
+
+
+def kv_storage_dir(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
+    """Where a cache of `n_tokens` keeps K/V: None (memory) while they take at most half of the
+    available memory, else files under `spill_dir`, which the OS pages in block by block."""
+    import psutil
+
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
+        return None
+    return spill_dir
