@@ -60,7 +60,9 @@ def _select(q, q_start, summaries, s, block_size):
         idx = select_blocks(scores, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                             local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
         return idx[:, None]
-    scores = score_query_blocks(q, q_start, summaries, block_size)                     # [Hkv, nq, n_full]
+    # each query block scores with its mean query: one query per block keeps prefill linear, and
+    # finds a planted needle as often as the max over its queries (benchmarks/msa_selection.py)
+    scores = score_query_blocks(q, q_start, summaries, block_size, query_reduce="pool")  # [Hkv, nq, n_full]
     return select_query_blocks(scores, q_start=q_start, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                                local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
 
@@ -106,15 +108,17 @@ def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
     (n_far - s) blocks before the window instead of (window_first - block) blocks.
 
     k_sel [Hkv, nq, K*B, D] holds the blocks idx [Hkv, nq, K] of query blocks whose local
-    windows start at window_first [nq]."""
-    width = idx.shape[-1]
+    windows start at window_first [nq]. A whole block moves by one angle, so cos and sin are
+    computed per block and broadcast over its B tokens."""
+    hkv, nq, width = idx.shape
     slot = torch.arange(width)
     row = idx.long()
     first = window_first.view(1, -1, 1)
     far = (row >= 0) & (row < first)                                                   # [Hkv, nq, K]
     n_far = far.sum(dim=-1, keepdim=True)                                              # [Hkv, nq, 1]
     shift_blocks = torch.where(far, (first - row) - (n_far - slot), 0)                 # [Hkv, nq, K], >= 0
-    shift = (shift_blocks * block_size).repeat_interleave(block_size, dim=-1)          # [Hkv, nq, K*B]
-    cos, sin = rope.cos_sin(shift.flatten())
+    cos, sin = rope.cos_sin(shift_blocks * block_size)                                 # [Hkv, nq, K, R]
     r = cos.shape[-1]                                                                  # rotated channels (partial RoPE: < D)
-    return apply_rope(k_sel, cos.view(*shift.shape, r), sin.view(*shift.shape, r))
+    by_block = k_sel.view(hkv, nq, width, block_size, -1)                              # [Hkv, nq, K, B, D]
+    moved = apply_rope(by_block, cos.view(hkv, nq, width, 1, r), sin.view(hkv, nq, width, 1, r))
+    return moved.view(k_sel.shape)
