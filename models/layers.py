@@ -67,10 +67,9 @@ class RotaryEmbedding:
     span = 16384
 
     def __init__(self, head_dim: int, base: float):
-        cpu = torch.device("cpu")
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim))
-        self._low = self._table(torch.arange(self.span, dtype=torch.float64))             # positions 0 .. span-1
-        self._high = self._table(torch.zeros(1, dtype=torch.float64))                     # multiples of span
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+        self._low = self._table(torch.arange(self.span, dtype=torch.float64, device="cpu"))   # positions 0 .. span-1
+        self._high = self._table(torch.zeros(1, dtype=torch.float64, device="cpu"))          # multiples of span
 
     def _table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = torch.outer(positions, self.inv_freq)                                     # [n, D/2], fp64
@@ -85,7 +84,7 @@ class RotaryEmbedding:
         hi, lo = positions // self.span, positions % self.span
         if int(hi.max()) >= self._high[0].shape[0]:
             n = max(int(hi.max()) + 1, 2 * self._high[0].shape[0])
-            self._high = self._table(torch.arange(n, dtype=torch.float64) * self.span)
+            self._high = self._table(torch.arange(n, dtype=torch.float64, device="cpu") * self.span)
         cos_h, sin_h, cos_l, sin_l = self._high[0][hi], self._high[1][hi], self._low[0][lo], self._low[1][lo]
         return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
 

@@ -27,6 +27,9 @@ from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
 
 
+PREFILL_QUERY_REDUCE = "pool"
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
            q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
     """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D]. Returns [Hq, Tq, D]."""
@@ -62,7 +65,7 @@ def _select(q, q_start, summaries, s, block_size):
         return idx[:, None]
     # each query block scores with its mean query: one query per block keeps prefill linear, and
     # finds a planted needle as often as the max over its queries (benchmarks/msa_selection.py)
-    scores = score_query_blocks(q, q_start, summaries, block_size, query_reduce="pool")  # [Hkv, nq, n_full]
+    scores = score_query_blocks(q, q_start, summaries, block_size, query_reduce=PREFILL_QUERY_REDUCE)  # [Hkv, nq, n_full]
     return select_query_blocks(scores, q_start=q_start, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                                local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
 
