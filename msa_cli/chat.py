@@ -45,9 +45,37 @@ class Turn:
     stopped: bool = False
 
 
-class ChatSession:
+class Conversation:
+    """What a chat shows of itself, on the local engine or a server: its documents and turns."""
+
+    def __init__(self, context: Context):
+        self.context = context
+        self.turns: list[Turn] = []
+
+    def context_lines(self) -> str:
+        lines = [f"{f.path}" for f in self.context.files]
+        lines += [f"(skipped {path}: {reason})" for path, reason in self.context.skipped]
+        return "\n".join(lines)
+
+    def sources_lines(self) -> str:
+        if not self.turns:
+            return "no answer yet"
+        return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
+
+    def markdown(self) -> str:
+        out = ["# msa chat", "", "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files), ""]
+        for turn in self.turns:
+            out += [f"**Question:** {turn.question}", "", turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""), ""]
+            if turn.sources:
+                out += ["Sources:", ""] + [f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
+                                           for s in turn.sources] + [""]
+        return "\n".join(out)
+
+
+class ChatSession(Conversation):
     def __init__(self, loaded, context: Context, settings: AskSettings):
-        self.loaded, self.context, self.settings = loaded, context, settings
+        super().__init__(context)
+        self.loaded, self.settings = loaded, settings
         tok = loaded.tokenizer
         self.prompt = build_prompt(tok, context.text, "", system=settings.system)   # head + documents
         self.context_length = self.prompt.context_length
@@ -62,7 +90,6 @@ class ChatSession:
         self.cache.observe_queries = self.tracker
         self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
         self.seq: list[int] = []        # the conversation's tokens; the cache holds seq[:cache.length]
-        self.turns: list[Turn] = []
         self.cached_tokens = 0
         self.read_s = 0.0
 
@@ -138,25 +165,6 @@ class ChatSession:
             lines.append(f"last answer: {t.prefill_tokens:,} tokens read at {t.prefill_tok_s:,.1f} tok/s, "
                          f"{t.generated_tokens:,} written at {t.decode_tok_s:,.1f} tok/s")
         return "\n".join(lines)
-
-    def context_lines(self) -> str:
-        lines = [f"{f.path}" for f in self.context.files]
-        lines += [f"(skipped {path}: {reason})" for path, reason in self.context.skipped]
-        return "\n".join(lines)
-
-    def sources_lines(self) -> str:
-        if not self.turns:
-            return "no answer yet"
-        return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
-
-    def markdown(self) -> str:
-        out = ["# msa chat", "", "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files), ""]
-        for turn in self.turns:
-            out += [f"**Question:** {turn.question}", "", turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""), ""]
-            if turn.sources:
-                out += ["Sources:", ""] + [f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
-                                           for s in turn.sources] + [""]
-        return "\n".join(out)
 
 
 def command(session: ChatSession, line: str) -> str | None:
