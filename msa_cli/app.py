@@ -386,7 +386,7 @@ def serve(
     with `msa ask` and `msa chat`. Ctrl-C stops the server.
     """
     from .runtime import load, set_threads
-    from .server.run import address, listen, make_app, uvicorn_server
+    from .server.run import address, listen, make_app, serve_until_stopped
 
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
     sock = listen(host, port)
@@ -395,7 +395,7 @@ def serve(
     app_ = make_app(loaded, attention_settings, cache_dir=cache_dir, no_cache=no_cache, queue_size=queue_size,
                     api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
     print(f"msa serve: {loaded.name} at {address(sock)}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
-    uvicorn_server(app_).run(sockets=[sock])
+    serve_until_stopped(app_, sock)
 
 
 def main() -> None:

@@ -130,12 +130,12 @@ class Server:
             raise ServerError(f"cannot reach the server at {self.url}: {e or type(e).__name__}") from None
 
     def _refused(self, response: httpx.Response):
-        message = _message(_json_or_text(response))
-        status = response.status_code
+        body = _json_or_text(response)
+        message, status = _message(body), response.status_code
         if status in (401, 403):
             raise ServerError(f"the server at {self.url} refused the API key (HTTP {status}: {message}); "
                               f"give the right one with --api-key or MSA_API_KEY")
-        if status == 400 and "context" in message.lower() and ("length" in message.lower() or "long" in message.lower()):
+        if status == 400 and _too_long(body, message):
             raise InputTooLongError(f"the server at {self.url}: {message}")
         raise ServerError(f"the server at {self.url} answered HTTP {status}: {message}")
 
@@ -154,6 +154,13 @@ def _read_usage(answer: RemoteAnswer, usage: dict) -> None:
     answer.prompt_tokens = usage.get("prompt_tokens")
     answer.generated_tokens = usage.get("completion_tokens")
     answer.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def _too_long(body, message: str) -> bool:
+    """A refusal for length: msa serve's (and OpenAI's) error code, or vLLM's message."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code == "context_length_exceeded" or "maximum context length" in message.lower()
 
 
 def _json_or_text(response: httpx.Response):

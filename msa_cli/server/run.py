@@ -47,3 +47,12 @@ def uvicorn_server(app):
     import uvicorn
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+
+
+def serve_until_stopped(app, sock: socket.socket) -> None:
+    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises the
+    signal again; Ctrl-C is how a server is meant to stop, so it ends the command without error."""
+    try:
+        uvicorn_server(app).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
