@@ -128,12 +128,9 @@ def ask(
     The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
     the next question about the same document reads only the question.
     """
-    from .ask import AskSettings, process_start_time, stream_answer
     from .context import read_context
     from .output import write_stdout
-    from .paths import cache_dir as resolve_cache_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
+    from .runtime import process_start_time
 
     started_at = process_start_time()
     if len(args) < 2:
@@ -142,19 +139,23 @@ def ask(
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     if server and sources:
         raise typer.BadParameter("needs the local engine: leave out --server to list sources", param_hint="--sources")
     document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
-    if server:
-        from .remote_commands import ask_remote
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import Sampling, ask_remote
 
         remote = _connect(server, api_key, timeout)
         ask_remote(remote, remote.model(model, chosen=model != DEFAULT_MODEL), document, question,
-                   AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, system=system),
-                   json_out=json_out, started_at=started_at)
+                   Sampling(max_tokens, temperature, top_p, seed, system), json_out=json_out, started_at=started_at)
         return
+    from .ask import AskSettings, stream_answer
+    from .paths import cache_dir as resolve_cache_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .runtime import load, set_threads
+
+    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -217,13 +218,9 @@ def chat(
     /stats, /save FILE, /exit); Ctrl-C stops an answer, Ctrl-D leaves. With stdin not a terminal,
     one question per line, each answer on stdout.
     """
-    from .ask import AskSettings
-    from .chat import ChatSession, run_repl, run_scripted
     from .context import read_context
-    from .paths import cache_dir as resolve_cache_dir
+    from .conversation import run_repl, run_scripted
     from .paths import data_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
 
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
@@ -231,17 +228,22 @@ def chat(
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if "-" in context and not interactive:
         raise typer.BadParameter("stdin carries the questions; - cannot be a --context here", param_hint="--context")
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     documents = read_context(context, hidden=hidden, warn=_warn_unless(quiet))
-    if server:
-        from .remote_commands import RemoteChatSession
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import RemoteChatSession, Sampling
 
         remote = _connect(server, api_key, timeout)
         session = RemoteChatSession(remote, remote.model(model, chosen=model != DEFAULT_MODEL), documents,
-                                    AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                                seed=seed, system=system))
+                                    Sampling(max_tokens, temperature, top_p, seed, system))
     else:
+        from .ask import AskSettings
+        from .chat import ChatSession
+        from .paths import cache_dir as resolve_cache_dir
+        from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+        from .runtime import load, set_threads
+
+        prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                          max_bytes=budget_from_env(), read_only=cache_ro)
         set_threads(threads)
         loaded, _ = load(model, cache=cache_dir)
         settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,

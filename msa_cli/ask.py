@@ -23,10 +23,6 @@ from .sampling import Sampler
 from .sources import SourceTracker
 
 
-def process_start_time() -> float:
-    return psutil.Process().create_time()
-
-
 @dataclass
 class AskSettings:
     max_tokens: int = 256

@@ -1,14 +1,14 @@
-"""`msa ask` and `msa chat` with `--server`: the same documents and prompts, answered by a server."""
+"""`msa ask` and `msa chat` with `--server`: the same documents and prompts, answered by a server.
+Free of PyTorch, like everything this path imports, so a client starts at once."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from .ask import AskSettings
-from .chat import Conversation, Turn
 from .context import Context
-from .generate import Timings
+from .conversation import Conversation, Turn
 from .output import write_stdout
 from .prompt import user_message
 from .remote import RemoteAnswer, Server
@@ -16,11 +16,26 @@ from .remote import RemoteAnswer, Server
 LOCAL_ONLY_SOURCES = "sources need the local engine (msa chat without --server)"
 
 
-def ask_remote(server: Server, model: str, context: Context, question: str, settings: AskSettings, *,
+@dataclass
+class Sampling:
+    """What the request asks of the server's answer."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    system: str | None
+
+    def request(self) -> dict:
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed}
+
+
+def ask_remote(server: Server, model: str, context: Context, question: str, sampling: Sampling, *,
                json_out: bool, started_at: float) -> None:
     """Stream the server's answer to stdout, or print one JSON object at the end."""
-    answer, pieces = server.stream_chat(_first_messages(settings, context, question), model=model,
-                                        **_sampling(settings))
+    answer, pieces = server.stream_chat(_first_messages(sampling, context, question), model=model,
+                                        **sampling.request())
     for piece in pieces:
         if not json_out:
             write_stdout(piece)
@@ -34,9 +49,9 @@ class RemoteChatSession(Conversation):
     """A chat whose turns a server answers: the whole conversation is sent each turn, the
     documents first, so the server's prefix cache holds everything but the newest question."""
 
-    def __init__(self, server: Server, model: str, context: Context, settings: AskSettings):
+    def __init__(self, server: Server, model: str, context: Context, sampling: Sampling):
         super().__init__(context)
-        self.server, self.model, self.settings = server, model, settings
+        self.server, self.model, self.sampling = server, model, sampling
         self.messages: list[dict] = []
         self.last: RemoteAnswer | None = None
 
@@ -48,9 +63,9 @@ class RemoteChatSession(Conversation):
         if self.messages:
             messages = self.messages + [{"role": "user", "content": question.strip()}]
         else:
-            messages = _first_messages(self.settings, self.context, question)
-        answer, pieces = self.server.stream_chat(messages, model=self.model, **_sampling(self.settings))
-        turn = Turn(question, "", [], Timings(), stopped=True)
+            messages = _first_messages(self.sampling, self.context, question)
+        answer, pieces = self.server.stream_chat(messages, model=self.model, **self.sampling.request())
+        turn = Turn(question, "", [], None, stopped=True)
         try:
             for piece in pieces:
                 turn.answer += piece
@@ -59,8 +74,6 @@ class RemoteChatSession(Conversation):
         finally:
             if turn.answer or not turn.stopped:    # an answer that never began leaves no turn
                 self.messages = messages + [{"role": "assistant", "content": turn.answer}]
-                turn.timings = Timings(prefill_tokens=answer.prompt_tokens or 0,
-                                       generated_tokens=answer.generated_tokens or 0)
                 self.turns.append(turn)
                 self.last = answer
 
@@ -77,12 +90,7 @@ class RemoteChatSession(Conversation):
         return "\n".join(lines)
 
 
-def _first_messages(settings: AskSettings, context: Context, question: str) -> list[dict]:
+def _first_messages(sampling: Sampling, context: Context, question: str) -> list[dict]:
     """The messages `msa ask` reads on the local engine (`prompt.build_prompt`)."""
-    system = [{"role": "system", "content": settings.system}] if settings.system else []
+    system = [{"role": "system", "content": sampling.system}] if sampling.system else []
     return system + [{"role": "user", "content": user_message(context.text, question)}]
-
-
-def _sampling(settings: AskSettings) -> dict:
-    return {"max_tokens": settings.max_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
-            "seed": settings.seed}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,12 @@ def test_local_engine_features_say_so_with_a_server():
 def test_a_server_url_must_be_http():
     result = run("ask", EXAMPLE, QUESTION, "--server", "gpu-box:8000")
     assert result.exit_code == 2 and "is not an http:// or https:// URL" in result.stderr
+
+
+def test_a_client_does_not_load_pytorch():
+    # the whole `msa ask --server` path, in a fresh interpreter, to its error for a dead port
+    code = ("import sys, msa_cli.app\n"
+            "sys.argv = ['msa', 'ask', sys.argv[1], 'q', '--server', 'http://127.0.0.1:9']\n"
+            "try:\n    msa_cli.app.main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["6", "False"], done.stdout + done.stderr
