@@ -145,9 +145,9 @@ def ask(
     if server:   # before the local engine's imports: a client does not load PyTorch
         from .remote_commands import Sampling, ask_remote
 
-        remote = _connect(server, api_key, timeout)
-        ask_remote(remote, remote.model(model, chosen=model != DEFAULT_MODEL), document, question,
-                   Sampling(max_tokens, temperature, top_p, seed, system), json_out=json_out, started_at=started_at)
+        remote, served_model = _connect(server, api_key, timeout, model)
+        ask_remote(remote, served_model, document, question, Sampling(max_tokens, temperature, top_p, seed, system),
+                   json_out=json_out, started_at=started_at)
         return
     from .ask import AskSettings, stream_answer
     from .paths import cache_dir as resolve_cache_dir
@@ -175,10 +175,13 @@ def ask(
             write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in answer.sources or []))
 
 
-def _connect(server: str, api_key: Optional[str], timeout: float):
+def _connect(server: str, api_key: Optional[str], timeout: float, model: str):
+    """The --server, and the model to ask it for: --model when it serves it, else (when
+    --model was left at its default) its only one."""
     from .remote import Server
 
-    return Server(server, api_key=api_key, timeout=timeout)
+    remote = Server(server, api_key=api_key, timeout=timeout)
+    return remote, remote.model(model, chosen=model != DEFAULT_MODEL)
 
 
 def _warn_unless(quiet: bool):
@@ -232,9 +235,8 @@ def chat(
     if server:   # before the local engine's imports: a client does not load PyTorch
         from .remote_commands import RemoteChatSession, Sampling
 
-        remote = _connect(server, api_key, timeout)
-        session = RemoteChatSession(remote, remote.model(model, chosen=model != DEFAULT_MODEL), documents,
-                                    Sampling(max_tokens, temperature, top_p, seed, system))
+        remote, served_model = _connect(server, api_key, timeout, model)
+        session = RemoteChatSession(remote, served_model, documents, Sampling(max_tokens, temperature, top_p, seed, system))
     else:
         from .ask import AskSettings
         from .chat import ChatSession

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 import typer
 
 from msa_models.errors import InputTooLongError, MsaError
@@ -60,11 +60,10 @@ class Server:
         self.url = api_base(url)
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx2.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def model(self, wanted: str, *, chosen: bool) -> str:
-        """The served model to ask: `wanted` if the server has it, else, when the user did not
-        choose one (`chosen` false), the server's only model."""
+        """`wanted` if the server serves it, else, unless the user chose it, the server's only model."""
         served = [m["id"] for m in self._json(self._call("GET", "/models")).get("data", [])]
         if wanted in served:
             return wanted
@@ -106,14 +105,14 @@ class Server:
                             yield piece
                         answer.finish_reason = choice.get("finish_reason") or answer.finish_reason
 
-    def _call(self, method: str, path: str) -> httpx.Response:
+    def _call(self, method: str, path: str) -> httpx2.Response:
         with self._guarded():
             response = self.http.request(method, path)
         if response.status_code != 200:
             self._refused(response)
         return response
 
-    def _json(self, response: httpx.Response) -> dict:
+    def _json(self, response: httpx2.Response) -> dict:
         try:
             return response.json()
         except ValueError:
@@ -121,15 +120,15 @@ class Server:
 
     @contextlib.contextmanager
     def _guarded(self):
-        """httpx's transport errors as one-line `ServerError`s."""
+        """httpx2's transport errors as one-line `ServerError`s."""
         try:
             yield
-        except httpx.TimeoutException:
+        except httpx2.TimeoutException:
             raise ServerError(f"the server at {self.url} did not answer within {self.timeout:g} s (--timeout)") from None
-        except httpx.TransportError as e:
+        except httpx2.TransportError as e:
             raise ServerError(f"cannot reach the server at {self.url}: {e or type(e).__name__}") from None
 
-    def _refused(self, response: httpx.Response):
+    def _refused(self, response: httpx2.Response):
         body = _json_or_text(response)
         message, status = _message(body), response.status_code
         if status in (401, 403):
@@ -163,7 +162,7 @@ def _too_long(body, message: str) -> bool:
     return code == "context_length_exceeded" or "maximum context length" in message.lower()
 
 
-def _json_or_text(response: httpx.Response):
+def _json_or_text(response: httpx2.Response):
     try:
         return response.json()
     except ValueError:

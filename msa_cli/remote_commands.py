@@ -34,7 +34,7 @@ class Sampling:
 def ask_remote(server: Server, model: str, context: Context, question: str, sampling: Sampling, *,
                json_out: bool, started_at: float) -> None:
     """Stream the server's answer to stdout, or print one JSON object at the end."""
-    answer, pieces = server.stream_chat(_first_messages(sampling, context, question), model=model,
+    answer, pieces = server.stream_chat(first_messages(sampling, context, question), model=model,
                                         **sampling.request())
     for piece in pieces:
         if not json_out:
@@ -63,7 +63,7 @@ class RemoteChatSession(Conversation):
         if self.messages:
             messages = self.messages + [{"role": "user", "content": question.strip()}]
         else:
-            messages = _first_messages(self.sampling, self.context, question)
+            messages = first_messages(self.sampling, self.context, question)
         answer, pieces = self.server.stream_chat(messages, model=self.model, **self.sampling.request())
         turn = Turn(question, "", [], None, stopped=True)
         try:
@@ -90,7 +90,7 @@ class RemoteChatSession(Conversation):
         return "\n".join(lines)
 
 
-def _first_messages(sampling: Sampling, context: Context, question: str) -> list[dict]:
+def first_messages(sampling: Sampling, context: Context, question: str) -> list[dict]:
     """The messages `msa ask` reads on the local engine (`prompt.build_prompt`)."""
     system = [{"role": "system", "content": sampling.system}] if sampling.system else []
     return system + [{"role": "user", "content": user_message(context.text, question)}]

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from typer.testing import CliRunner
 
@@ -45,7 +45,7 @@ def document_messages(question: str = QUESTION) -> list[dict]:
     return [{"role": "user", "content": user_message(EXAMPLE.read_text(), question)}]
 
 
-def sse_events(response: httpx.Response) -> list[str]:
+def sse_events(response: httpx2.Response) -> list[str]:
     """The data of each event, [DONE] included; every non-empty line must be a data line."""
     lines = [line for line in response.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines), lines
@@ -58,7 +58,7 @@ def test_a_streamed_answer_is_msa_asks_and_reads_the_document_from_its_prefix_ca
     with serving(embedded) as url:
         body = {"model": "smollm2-135m", "messages": document_messages(), "max_tokens": 8, "stream": True,
                 "stream_options": {"include_usage": True}}
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+        with httpx2.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             events = sse_events(response)
@@ -103,10 +103,10 @@ def test_every_route_asks_for_the_key(embedded):
     with serving(embedded, api_key="s3cret") as url:
         for method, path in [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
-                response = httpx.request(method, url + path, headers=headers, json={})
+                response = httpx2.request(method, url + path, headers=headers, json={})
                 assert response.status_code == 401, (path, headers)
                 assert response.json()["error"]["code"] == "invalid_api_key"
-        health = httpx.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).json()
+        health = httpx2.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).json()
     assert health == {"status": "ok", "model": "smollm2-135m", "model_loaded": True, "busy": False, "queue_depth": 0}
 
 
@@ -126,20 +126,20 @@ def test_requests_over_the_limits_or_malformed_get_a_clear_400(embedded):
     ]
     with serving(embedded, max_request_bytes=2000, max_tokens=64) as url:
         for body, status, code in cases:
-            response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=60)
             assert response.status_code == status, (body, response.text)
             error = response.json()["error"]
             assert error["message"] and error["type"] == "invalid_request_error" and error["code"] == code, error
-        not_json = httpx.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=60)
+        not_json = httpx2.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=60)
         assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
-        assert httpx.get(f"{url}/v1/nothing-here").status_code == 404
+        assert httpx2.get(f"{url}/v1/nothing-here").status_code == 404
 
 
 def test_a_prompt_longer_than_dense_attention_reads_is_a_400(embedded):
     long_document = "The tide came in over the rocks of Corran Point. " * 900      # about 10K tokens
     body = {"messages": [{"role": "user", "content": user_message(long_document, "Where?")}], "max_tokens": 4}
     with serving(embedded, attention=AttentionSettings(mode="dense")) as url:
-        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and "8,192" in error["message"], error
@@ -151,22 +151,22 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
 
     with serving(embedded, queue_size=1, max_tokens=200) as url:
         def health() -> dict:
-            return httpx.get(f"{url}/health").json()
+            return httpx2.get(f"{url}/health").json()
 
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=ask(200, stream=True), timeout=120) as first:
+        with httpx2.stream("POST", f"{url}/v1/chat/completions", json=ask(200, stream=True), timeout=120) as first:
             lines = first.iter_lines()
             while '"content": ""' not in next(lines):    # the first chunk: the engine is answering it
                 pass
             assert health()["busy"] is True
             waiting: dict = {}
             second = threading.Thread(target=lambda: waiting.update(
-                response=httpx.post(f"{url}/v1/chat/completions", json=ask(2), timeout=300)))
+                response=httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=300)))
             second.start()
             deadline = time.monotonic() + 60
             while health()["queue_depth"] != 1:
                 assert time.monotonic() < deadline, "the second request never queued"
                 time.sleep(0.05)
-            third = httpx.post(f"{url}/v1/chat/completions", json=ask(2), timeout=60)
+            third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=60)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
             # leaving the `with` closes the stream mid-answer: the engine stops it and takes the next
         second.join(timeout=120)
@@ -212,8 +212,8 @@ def test_msa_serve_listens_checks_the_key_from_the_environment_and_stops_on_ctrl
         match = re.fullmatch(r"msa serve: smollm2-135m at (http://127\.0\.0\.1:\d+)/v1 \(Ctrl-C stops\)\n", line)
         assert match, line + server.stderr.read() if server.poll() is not None else line
         url = match.group(1)
-        assert httpx.get(f"{url}/health").status_code == 401
-        assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer from-env"}).json()["model_loaded"] is True
+        assert httpx2.get(f"{url}/health").status_code == 401
+        assert httpx2.get(f"{url}/health", headers={"Authorization": "Bearer from-env"}).json()["model_loaded"] is True
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
         assert server.stdout.read() == ""
