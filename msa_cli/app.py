@@ -52,6 +52,15 @@ TopkOption = typer.Option(AttentionSettings.topk, "--topk", min=1, help="Blocks 
 BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
+ServerOption = typer.Option(
+    None, "--server", envvar="MSA_SERVER", show_envvar=True,
+    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of the local "
+         "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, --threads "
+         "and the cache options are then the server's business.")
+ApiKeyOption = typer.Option(None, "--api-key", envvar="MSA_API_KEY", show_envvar=True,
+                            help="The key the --server asks for (sent as 'Authorization: Bearer KEY').")
+TimeoutOption = typer.Option(600.0, "--timeout", min=0.001,
+                             help="Seconds to wait for the --server to connect or to send its next bytes.")
 
 
 def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
@@ -107,6 +116,9 @@ def ask(
     local_blocks: int = LocalBlocksOption,
     sources: bool = typer.Option(False, "--sources", help="After the answer, list the passages the model read (file, lines, score)."),
     hidden: bool = HiddenOption,
+    server: Optional[str] = ServerOption,
+    api_key: Optional[str] = ApiKeyOption,
+    timeout: float = TimeoutOption,
 ):
     """Answer a question about a document, streaming the answer to stdout.
 
@@ -116,12 +128,9 @@ def ask(
     The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
     the next question about the same document reads only the question.
     """
-    from .ask import AskSettings, process_start_time, stream_answer
     from .context import read_context
     from .output import write_stdout
-    from .paths import cache_dir as resolve_cache_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
+    from .runtime import process_start_time
 
     started_at = process_start_time()
     if len(args) < 2:
@@ -130,9 +139,23 @@ def ask(
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    if server and sources:
+        raise typer.BadParameter("needs the local engine: leave out --server to list sources", param_hint="--sources")
+    document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import Sampling, ask_remote
+
+        remote, served_model = _connect(server, api_key, timeout, model)
+        ask_remote(remote, served_model, document, question, Sampling(max_tokens, temperature, top_p, seed, system),
+                   json_out=json_out, started_at=started_at)
+        return
+    from .ask import AskSettings, stream_answer
+    from .paths import cache_dir as resolve_cache_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .runtime import load, set_threads
+
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
-    document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
     set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -150,6 +173,15 @@ def ask(
         write_stdout("\n")
         if sources:
             write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in answer.sources or []))
+
+
+def _connect(server: str, api_key: Optional[str], timeout: float, model: str):
+    """The --server, and the model to ask it for: --model when it serves it, else (when
+    --model was left at its default) its only one."""
+    from .remote import Server
+
+    remote = Server(server, api_key=api_key, timeout=timeout)
+    return remote, remote.model(model, chosen=model != DEFAULT_MODEL)
 
 
 def _warn_unless(quiet: bool):
@@ -179,6 +211,9 @@ def chat(
     block_size: Optional[int] = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     hidden: bool = HiddenOption,
+    server: Optional[str] = ServerOption,
+    api_key: Optional[str] = ApiKeyOption,
+    timeout: float = TimeoutOption,
 ):
     """Talk about documents: read them once, then answer question after question.
 
@@ -186,13 +221,9 @@ def chat(
     /stats, /save FILE, /exit); Ctrl-C stops an answer, Ctrl-D leaves. With stdin not a terminal,
     one question per line, each answer on stdout.
     """
-    from .ask import AskSettings
-    from .chat import ChatSession, run_repl, run_scripted
     from .context import read_context
-    from .paths import cache_dir as resolve_cache_dir
+    from .conversation import run_repl, run_scripted
     from .paths import data_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
 
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
@@ -200,17 +231,29 @@ def chat(
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if "-" in context and not interactive:
         raise typer.BadParameter("stdin carries the questions; - cannot be a --context here", param_hint="--context")
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     documents = read_context(context, hidden=hidden, warn=_warn_unless(quiet))
-    set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
-    settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                           system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
-                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
-                           sources=True, summary=not quiet)
-    session = ChatSession(loaded, documents, settings)
-    session.read_documents()
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import RemoteChatSession, Sampling
+
+        remote, served_model = _connect(server, api_key, timeout, model)
+        session = RemoteChatSession(remote, served_model, documents, Sampling(max_tokens, temperature, top_p, seed, system))
+    else:
+        from .ask import AskSettings
+        from .chat import ChatSession
+        from .paths import cache_dir as resolve_cache_dir
+        from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+        from .runtime import load, set_threads
+
+        prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                          max_bytes=budget_from_env(), read_only=cache_ro)
+        set_threads(threads)
+        loaded, _ = load(model, cache=cache_dir)
+        settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                               system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
+                               attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
+                               sources=True, summary=not quiet)
+        session = ChatSession(loaded, documents, settings)
+        session.read_documents()
     if interactive:
         run_repl(session, data_dir() / "chat_history")
     else:
@@ -318,6 +361,48 @@ def eval_passkey(
     else:
         summary = [{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows]
         _print_rows(summary, False, f"msa eval passkey: {loaded.name}")
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+@reports_errors
+def serve(
+    model: str = ModelOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="The port to listen on (0: any free one)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MSA_API_KEY", show_envvar=True,
+                                          help="Answer only requests that send 'Authorization: Bearer KEY'."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", "-n", min=1,
+                                   help="The longest answer a request may ask for (more is a 400 error); "
+                                        "also the length of answers whose request does not say."),
+    max_request_bytes: int = typer.Option(64_000_000, "--max-request-bytes", min=1,
+                                          help="The largest request body (more is a 400 error)."),
+    queue_size: int = typer.Option(16, "--queue-size", min=1,
+                                   help="Requests that may wait while one is answered; past that, 503."),
+    threads: Optional[int] = ThreadsOption,
+    cache_dir: Optional[str] = CacheDirOption,
+    no_cache: bool = NoCacheOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: Optional[int] = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+):
+    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions (streaming or not),
+    /v1/models, /health.
+
+    One request is answered at a time, the rest wait in a queue. Documents share the prefix cache
+    with `msa ask` and `msa chat`. Ctrl-C stops the server.
+    """
+    from .runtime import load, set_threads
+    from .server.run import address, listen, make_app, serve_until_stopped
+
+    attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    sock = listen(host, port)
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir)
+    app_ = make_app(loaded, attention_settings, cache_dir=cache_dir, no_cache=no_cache, queue_size=queue_size,
+                    api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+    print(f"msa serve: {loaded.name} at {address(sock)}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+    serve_until_stopped(app_, sock)
 
 
 def main() -> None:

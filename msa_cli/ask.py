@@ -24,10 +24,6 @@ from .sampling import Sampler
 from .sources import SourceTracker
 
 
-def process_start_time() -> float:
-    return psutil.Process().create_time()
-
-
 @dataclass
 class AskSettings:
     max_tokens: int = 256
@@ -78,8 +74,14 @@ class Answer:
 def stream_answer(loaded, document: Document | Context, question: str,
                   settings: AskSettings) -> tuple[Answer, Iterator[str]]:
     """Prefill the prompt and return the answer record and an iterator of text pieces."""
+    prompt = build_prompt(loaded.tokenizer, document.text, question, system=settings.system)
+    return stream_prompt(loaded, prompt, document, settings)
+
+
+def stream_prompt(loaded, prompt: Prompt, document: Document | Context,
+                  settings: AskSettings) -> tuple[Answer, Iterator[str]]:
+    """`stream_answer` for a prompt already built (`document`: what its document part came from)."""
     tok = loaded.tokenizer
-    prompt = build_prompt(tok, document.text, question, system=settings.system)
     ids = prompt.ids
     limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
     if limit is not None and len(ids) >= limit:

@@ -16,6 +16,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def process_start_time() -> float:
+    """When this process started (time.time()'s clock): time to first token counts from there."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def set_threads(threads: int | None) -> int:
     import torch
 
