@@ -32,16 +32,19 @@ def q4_1_blocks_to_int4(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[np.n
 
 
 def q4_1_state(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every Q4_1 tensor of an open `gguf.GGUFReader`, as `{name}.weight/.scales/.mins` by our names."""
+    """Every Q4_1 matmul weight of an open `gguf.GGUFReader`, as `{name}.weight/.scales/.mins` by
+    our names (a Q4_1 token embedding is a table lookup, not a matmul: it is left out)."""
     from gguf import GGMLQuantizationType
 
     state = {}
     for t in reader.tensors:
         if t.tensor_type != GGMLQuantizationType.Q4_1:
             continue
+        name = our_name(t.name)
+        if name == "embed_tokens.weight":
+            continue
         n_cols, n_rows = (int(s) for s in t.shape)                        # GGUF lists the fastest axis first
         packed, scale, low = q4_1_blocks_to_int4(t.data, n_rows, n_cols)
-        name = our_name(t.name)
         module = name.removesuffix(".weight")
         for suffix, array in (("weight", packed), ("scales", scale), ("mins", low)):
             state[f"{module}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(unpermute_rows(name, array, config)))

@@ -15,7 +15,7 @@ from .fuse import fuse_projections, fuse_state
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
-from .quantize import MODES, is_quantized_state, quantize_state, swap_for_state
+from .quantize import DEFAULT_GROUP_SIZE, MODES, is_quantized_state, quantize_state, swap_for_state
 from .registry import resolve
 from .tokenizer import TextTokenizer
 
@@ -91,25 +91,47 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)
+    src, ckpt = load_checkpoint(spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant)
+    if src.format == "quantized":
+        quant = ckpt.meta["quantization"]
+    model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
+    return LoadedModel(name=src.name, model=model, tokenizer=ckpt.tokenizer,
+                       digest=computed_digest(ckpt.digest, quant, dtype_name), source=ckpt.source,
+                       quantization=quant)
+
+
+def load_checkpoint(spec: str, *, converted_root: Path | None = None, quantized_root: Path | None = None,
+                    quant: str | None = None):
+    """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant`."""
     if quant is not None and quant not in MODES:
         raise ModelError(f"quantization must be one of {', '.join(MODES)}, not {quant!r}")
     src = resolve(spec, quantized_root=quantized_root)
     if src.format == "gguf":
-        ckpt = load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=quant == "int4")
-    elif src.format == "quantized":
+        return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=quant == "int4")
+    if src.format == "quantized":
         from .quantized_copy import load_quantized_copy
 
         ckpt = load_quantized_copy(src.path)
         if quant is not None and quant != ckpt.meta["quantization"]:
             raise ModelError(f"{src.name} is already quantized to {ckpt.meta['quantization']}; "
-                             f"load its base model to quantize it to {quant}")
-        quant = ckpt.meta["quantization"]
-    else:
-        ckpt = load_hf_dir(src.path, name=src.name)
-    model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
-    return LoadedModel(name=src.name, model=model, tokenizer=ckpt.tokenizer,
-                       digest=computed_digest(ckpt.digest, quant, dtype_name), source=ckpt.source,
-                       quantization=quant)
+                             f"quantize its base model {ckpt.meta['base']} to {quant} instead")
+        return src, ckpt
+    return src, load_hf_dir(src.path, name=src.name)
+
+
+def write_quantized(spec: str, mode: str, *, quantized_root: Path, converted_root: Path | None = None,
+                    group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+    """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
+    `quantized_root` (a GGUF's Q4_1 blocks go into int4 as they are); returns its folder."""
+    from .quantized_copy import write_quantized_copy
+
+    src, ckpt = load_checkpoint(spec, converted_root=converted_root, quantized_root=quantized_root, quant=mode)
+    if src.format == "quantized":
+        raise ModelError(f"{src.name} is a quantized copy already; quantize its base model {ckpt.meta['base']}")
+    with torch.device("meta"):
+        skeleton = model_class(ckpt.config.architecture)(ckpt.config)
+    state = quantize_state(skeleton, ckpt.weights, mode, group_size)
+    return write_quantized_copy(quantized_root, src.name, ckpt, state, mode, group_size)
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:

@@ -75,7 +75,11 @@ class Int8Linear(nn.Module):
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._scales_bf16 = None   # made again from the new scales on the next call
-        return super()._load_from_state_dict(*args, **kwargs)
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.weight.data_ptr() % 64:
+            # the kernel loads its weights with aligned vector loads: a tensor read from a
+            # safetensors file sits at any offset, and the kernel crashes on it (measured)
+            self.weight = self.weight.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).contiguous()                            # [M, K]
