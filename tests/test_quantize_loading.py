@@ -144,3 +144,14 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
     result = run("ask", doc, "q", "--model", "tiny-int8")
     assert result.exit_code == 4
     assert result.stderr.count("\n") == 1 and "not a readable quantized copy" in result.stderr
+
+
+def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
+    result = run("bench", "e2e", "--model", q4_gguf, "--length", "64,96", "--decode-tokens", "2",
+                 "--quant", "int4", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["length"] for r in rows] == [64, 96]
+    for r in rows:
+        assert r["weights"] == "int4" and r["threads"] >= 1 and r["model"] == "tiny"
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 0
