@@ -7,6 +7,10 @@ What it measures, for each context length (default 512, 2K, 8K, 32K tokens):
   computing the logits of its token (the same ids for both engines: speed does not depend on
   which token comes next), wall-clock;
 - peak memory: the peak resident set size of the process that ran it.
+Both speeds are also given per CPU-second (tokens / CPU time of the process): on a machine
+shared with other work, wall-clock figures measure the other work too, and with one thread
+tokens per CPU-second is the fairer comparison (with several, CPU time includes threads
+spinning while they wait for each other).
 Each run is its own process, so peak memory is that run's alone and no engine warms the other's
 caches. llama.cpp runs twice per length, flash attention off and on; the ratios compare msa with
 the faster of the two. msa runs with its default attention (dense for the first 1,024 tokens,
@@ -47,14 +51,15 @@ try:
     llm = Llama(flash_attn=job["flash_attn"], **kwargs)
 except TypeError:   # newer releases name the setting by type
     llm = Llama(flash_attn_type=1 if job["flash_attn"] else 0, **kwargs)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 llm.eval(ids)
-prefill_s = time.perf_counter() - start
-start = time.perf_counter()
+prefill_s, prefill_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+start, cpu = time.perf_counter(), time.process_time()
 for token in decode:
     llm.eval([token])
-decode_s = time.perf_counter() - start
-print(json.dumps({"prefill_s": prefill_s, "decode_s": decode_s, "version": llama_cpp.__version__,
+decode_s, decode_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"prefill_s": prefill_s, "decode_s": decode_s, "prefill_cpu_s": prefill_cpu_s,
+                  "decode_cpu_s": decode_cpu_s, "version": llama_cpp.__version__,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -78,14 +83,14 @@ def msa_worker(job: dict) -> dict:
     model(torch.tensor(decode[:1]), warm)
     del warm
     cache = model.new_cache(capacity=len(ids) + len(decode))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     prefill(model, cache, ids)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
+    prefill_s, prefill_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    start, cpu = time.perf_counter(), time.process_time()
     for token in decode:
         model(torch.tensor([token]), cache)
-    decode_s = time.perf_counter() - start
-    return {"prefill_s": prefill_s, "decode_s": decode_s,
+    decode_s, decode_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    return {"prefill_s": prefill_s, "decode_s": decode_s, "prefill_cpu_s": prefill_cpu_s, "decode_cpu_s": decode_cpu_s,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -155,7 +160,8 @@ def main() -> None:
     rows = []
     print(f"{Path(args.gguf).name}, {args.threads} threads, decode {args.decode} tokens, "
           f"{platform.processor() or platform.machine()}", flush=True)
-    header = f"{'length':>7} {'engine':<10} {'setting':<7} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak MB':>8}"
+    header = (f"{'length':>7} {'engine':<10} {'setting':<7} {'prefill tok/s':>14} {'decode tok/s':>13} "
+              f"{'prefill tok/cpu-s':>18} {'decode tok/cpu-s':>17} {'peak MB':>8}")
     print(header, flush=True)
     for length in parse_lengths(args.lengths):
         ids = [rng.randrange(256, 49152) for _ in range(length)]
@@ -176,17 +182,21 @@ def main() -> None:
             else:
                 row.update(prefill_tok_s=round(length / result["prefill_s"], 1),
                            decode_tok_s=round(len(decode) / result["decode_s"], 1),
+                           prefill_tok_per_cpu_s=round(length / result["prefill_cpu_s"], 1),
+                           decode_tok_per_cpu_s=round(len(decode) / result["decode_cpu_s"], 1),
                            peak_rss_mb=round(result["peak_rss_mb"], 1))
                 if "version" in result:
                     row["version"] = result["version"]
                 print(f"{length:>7} {engine:<10} {setting:<7} {row['prefill_tok_s']:>14} {row['decode_tok_s']:>13} "
-                      f"{row['peak_rss_mb']:>8}", flush=True)
+                      f"{row['prefill_tok_per_cpu_s']:>18} {row['decode_tok_per_cpu_s']:>17} {row['peak_rss_mb']:>8}",
+                      flush=True)
             rows.append(row)
     ratios = compare(rows)
     if ratios:
         print("\nmsa / llama.cpp (the faster of flash attention off and on, per length and figure):")
         for r in ratios:
-            print(f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} decode x{r['decode_ratio']}")
+            print(f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} decode x{r['decode_ratio']:<6}"
+                  f" per CPU-second: prefill x{r['prefill_cpu_ratio']:<6} decode x{r['decode_cpu_ratio']}")
     if args.json:
         args.json.write_text(json.dumps({"gguf": args.gguf, "threads": args.threads, "decode_tokens": args.decode,
                                          "machine": platform.machine(), "rows": rows, "ratios": ratios}, indent=1))
@@ -201,11 +211,15 @@ def compare(rows: list[dict]) -> list[dict]:
             continue
         best_prefill = max(r["prefill_tok_s"] for r in llama)
         best_decode = max(r["decode_tok_s"] for r in llama)
+        best_prefill_cpu = max(r["prefill_tok_per_cpu_s"] for r in llama)
+        best_decode_cpu = max(r["decode_tok_per_cpu_s"] for r in llama)
         for r in ok:
             if r["length"] == length and r["engine"] == "msa":
                 out.append({"length": length, "msa": r["setting"],
                             "prefill_ratio": round(r["prefill_tok_s"] / best_prefill, 2),
-                            "decode_ratio": round(r["decode_tok_s"] / best_decode, 2)})
+                            "decode_ratio": round(r["decode_tok_s"] / best_decode, 2),
+                            "prefill_cpu_ratio": round(r["prefill_tok_per_cpu_s"] / best_prefill_cpu, 2),
+                            "decode_cpu_ratio": round(r["decode_tok_per_cpu_s"] / best_decode_cpu, 2)})
     return out
 
 
