@@ -19,6 +19,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset == 0.0 and x.dtype == torch.float32 == self.weight.dtype:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)   # one fused op, same result
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (self.weight.float() + self.offset)).to(x.dtype)
@@ -44,15 +46,21 @@ def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.
 class GatedMLP(nn.Module):
     """down(glu(gate(x), up(x))): the dense MLP and one MoE expert."""
 
+    fusable_projections = {"gate_up_proj": ("gate_proj", "up_proj")}    # see fuse.py
+
     def __init__(self, hidden: int, intermediate: int, glu: Callable = silu_glu):
         super().__init__()
+        self.fused_sizes = None
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.glu = glu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+        if self.fused_sizes is None:
+            return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
+        return self.down_proj(self.glu(gate, up))
 
 
 class RotaryEmbedding:
@@ -87,6 +95,12 @@ class RotaryEmbedding:
             self._high = self._table(torch.arange(n, dtype=torch.float64, device="cpu") * self.span)
         cos_h, sin_h, cos_l, sin_l = self._high[0][hi], self._high[1][hi], self._low[0][lo], self._low[1][lo]
         return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
+
+    def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [n, D] for positions start..start+n-1 (views: no gather per step)."""
+        if start + n > self._cos.shape[0]:
+            self._grow(start + n)
+        return self._cos[start:start + n], self._sin[start:start + n]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,11 @@ AttentionOption = typer.Option(
 TopkOption = typer.Option(AttentionSettings.topk, "--topk", min=1, help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.")
 BlockSizeOption = typer.Option(None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]")
 LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent blocks every token reads.")
+QuantOption = typer.Option(None, "--quant", envvar="MSA_QUANT", show_envvar=True,
+                           help="Quantize the weights on load: int8 (per channel) or int4 (groups of 32; a GGUF's "
+                                "Q4_1 weights as they are). Less memory, faster decoding. [default: none, fp32 weights]")
+DtypeOption = typer.Option("fp32", "--dtype", envvar="MSA_DTYPE", show_envvar=True,
+                           help="Compute dtype: fp32, or bf16 (fast only on CPUs with bf16 units).")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
 ServerOption = typer.Option(
     None, "--server", envvar="MSA_SERVER", show_envvar=True,
@@ -69,6 +74,13 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
     if mode not in MODES:
         raise typer.BadParameter(f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention")
     return AttentionSettings(mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks)
+
+
+def _check_precision(quant, dtype: str) -> None:
+    if quant is not None and quant not in ("int8", "int4"):
+        raise typer.BadParameter(f"{quant!r} is not one of int8, int4", param_hint="--quant")
+    if dtype not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
 
 
 def _print_rows(rows: list[dict], json_out: bool, title: str) -> None:
@@ -119,6 +131,8 @@ def ask(
     server: Optional[str] = ServerOption,
     api_key: Optional[str] = ApiKeyOption,
     timeout: float = TimeoutOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
     """Answer a question about a document, streaming the answer to stdout.
 
@@ -139,6 +153,7 @@ def ask(
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
     if server and sources:
         raise typer.BadParameter("needs the local engine: leave out --server to list sources", param_hint="--sources")
     document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
@@ -157,7 +172,7 @@ def ask(
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
     set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
                            show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
@@ -214,6 +229,8 @@ def chat(
     server: Optional[str] = ServerOption,
     api_key: Optional[str] = ApiKeyOption,
     timeout: float = TimeoutOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
     """Talk about documents: read them once, then answer question after question.
 
@@ -228,6 +245,7 @@ def chat(
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if "-" in context and not interactive:
         raise typer.BadParameter("stdin carries the questions; - cannot be a --context here", param_hint="--context")
@@ -247,7 +265,7 @@ def chat(
         prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                           max_bytes=budget_from_env(), read_only=cache_ro)
         set_threads(threads)
-        loaded, _ = load(model, cache=cache_dir)
+        loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype)
         settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
                                attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
@@ -273,6 +291,32 @@ def models_command(json_out: bool = typer.Option(False, "--json", help="Print a 
         print_models(rows)
 
 
+@app.command("quantize", epilog=EXIT_CODES_HELP)
+@reports_errors
+def quantize_command(
+    model: str = typer.Argument(..., help="A model name, a .gguf file or a model directory."),
+    to: str = typer.Option(..., "--to", help="int8 (per output channel) or int4 (groups of 32, asymmetric)."),
+    cache_dir: Optional[str] = CacheDirOption,
+):
+    """Write a quantized copy of MODEL, used as --model MODEL-int8 or MODEL-int4 and listed by msa models.
+
+    The copy keeps the weights quantized on disk and in memory (the output head stays int8 in
+    int4 mode); a GGUF's Q4_1 weights go into int4 unchanged.
+    """
+    from .paths import cache_dir as resolve_cache_dir
+    from .paths import converted_models_dir, quantized_models_dir
+    from .prefix_cache import format_size
+
+    if to not in ("int8", "int4"):
+        raise typer.BadParameter(f"{to!r} is not one of int8, int4", param_hint="--to")
+    from msa_models.loading import write_quantized
+
+    folder = write_quantized(model, to, quantized_root=quantized_models_dir(),
+                             converted_root=converted_models_dir(resolve_cache_dir(cache_dir)))
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    print(f"wrote {folder.name} ({format_size(size)}) to {folder}; use it with --model {folder.name}")
+
+
 @bench_app.command("e2e")
 @reports_errors
 def bench_e2e(
@@ -286,20 +330,31 @@ def bench_e2e(
     topk: int = TopkOption,
     block_size: Optional[int] = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
-    """Prefill and decode speed of a model at each context length."""
+    """Prefill and decode speed of a model at each context length, and the process's peak memory.
+
+    For each length: prefill that many random tokens (in chunks of 512), then decode
+    --decode-tokens greedily. Tokens/s are wall-clock; peak_rss_mb is the process's peak
+    resident memory so far (weights, KV cache and work buffers).
+    """
     from .bench import parse_lengths, run_e2e
     from .runtime import load, set_threads
 
     lengths = parse_lengths(length)
     settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
     n_threads = set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
     from .paths import cache_dir as resolve_cache_dir
 
     rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings,
                    spill_dir=resolve_cache_dir(cache_dir) / "kv")
-    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {attention} attention, {n_threads} threads")
+    for row in rows:
+        row.update(model=loaded.name, weights=loaded.quantization or dtype, threads=n_threads)
+    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {loaded.quantization or dtype} weights, "
+                                f"{attention} attention, {n_threads} threads")
 
 
 @bench_app.command("attention")

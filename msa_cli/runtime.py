@@ -31,20 +31,25 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-# Models already loaded in this process, by --model value: a process that runs several commands
-# (the test suite, a server) loads each model once. Weights are never modified after loading.
+# Models already loaded in this process, by --model, --quant and --dtype: a process that runs
+# several commands (the test suite, a server) loads each model once. Weights are never modified
+# after loading.
 _loaded: dict = {}
 
 
-def load(model: str, *, cache: str | None = None):
-    """Load `model`; returns (LoadedModel, seconds)."""
+def load(model: str, *, cache: str | None = None, quant: str | None = None, dtype: str = "fp32"):
+    """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds)."""
     from msa_models import load_model
 
+    from .paths import quantized_models_dir
+
     start = time.perf_counter()
-    if model not in _loaded:
+    key = (model, quant, dtype)
+    if key not in _loaded:
         root = _writable_or_none(converted_models_dir(cache_dir(cache)))
-        _loaded[model] = load_model(model, converted_root=root)
-    return _loaded[model], time.perf_counter() - start
+        _loaded[key] = load_model(model, converted_root=root, quant=quant, dtype=dtype,
+                                  quantized_root=quantized_models_dir())
+    return _loaded[key], time.perf_counter() - start
 
 
 def _writable_or_none(path: Path) -> Path | None:
