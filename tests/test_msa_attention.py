@@ -144,3 +144,6 @@ def test_rope_angles_stay_exact_far_past_the_table():
     assert_close(cos.double(), angles.cos(), atol=3e-7, what="cos")
     assert_close(sin.double(), angles.sin(), atol=3e-7, what="sin")
     assert rope._high[0].shape[0] < 400                     # rows for 3M positions: one per span
+    for start in (0, rope.span - 3, 5 * rope.span):       # the range the model asks for each chunk
+        got, want = rope.cos_sin_range(start, 6), rope.cos_sin(torch.arange(start, start + 6))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
