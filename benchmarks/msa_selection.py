@@ -17,7 +17,6 @@ import json
 import torch
 
 import msa_kernels as K
-import msa_models.msa as msa_module
 from msa_cli import runtime
 from msa_cli.evals import QUESTION, depths, passkey_document
 from msa_cli.generate import prefill
@@ -28,6 +27,7 @@ SCORINGS = {
     # name: (summary kind, how a query block's queries are reduced)
     "minmax-max": ("minmax", "max"),
     "minmax-sum": ("minmax", "sum"),
+    "minmax-pool": ("minmax", "pool"),
     "mean-max": ("mean", "max"),
 }
 
@@ -37,11 +37,6 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
     n_layers = loaded.config.num_hidden_layers
     totals = {name: {"mass": torch.zeros(n_layers), "recall": torch.zeros(n_layers)} for name in SCORINGS}
     captured = []
-    real_attend = msa_module.attend
-
-    def capture(q, keys, values, cache, layer, q_start, rope):
-        captured.append((q.clone(), keys.clone(), q_start))
-        return real_attend(q, keys, values, cache, layer, q_start, rope)
 
     for i, depth in enumerate(depths(n_depths)):
         key = 10000 + 7919 * (i + 1) % 90000
@@ -52,11 +47,10 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
         cache = loaded.model.new_cache(settings=AttentionSettings(mode="dense"))
         prefill(loaded.model, cache, ids[:prompt.context_length])
         captured.clear()
-        msa_module.attend = capture
-        try:
-            prefill(loaded.model, cache, prompt.tail)
-        finally:
-            msa_module.attend = real_attend
+        # the attention's hook sees each layer's queries after their keys are written
+        cache.observe_queries = lambda layer, q, q_start: captured.append(
+            (q.clone(), cache.k[layer][:, :q_start + q.shape[1]].clone(), q_start))
+        prefill(loaded.model, cache, prompt.tail)
         block = cache.block_size
         for layer, (q, keys, q_start) in enumerate(captured):
             n = keys.shape[1]

@@ -6,8 +6,10 @@ an upper bound of q . k over the block's keys. "mean": score = q . mean_key (MoB
 
 Scores are reduced over the G query heads of a KV group (sum by default, or max), so the
 whole group reads the same blocks, and over the queries of a chunk (max by default: a
-block matters to the chunk if it matters to any of its queries; or sum). Ranking is all
-that scores are used for, so the attention scale is left out.
+block matters to the chunk if it matters to any of its queries; or sum; or "pool": the
+chunk's queries are averaged into one query per head before scoring, so scoring a prefill
+costs one query per query block rather than one per token, which keeps prefill linear).
+Ranking is all that scores are used for, so the attention scale is left out.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ._checks import check_block_size, check_query, choose_impl
 from .summaries import summary_rows
 
 REDUCES = ("sum", "max")
+QUERY_REDUCES = (*REDUCES, "pool")
 
 
 def score_blocks(
@@ -84,20 +87,33 @@ def _check(q, summaries, kind, group_reduce, query_reduce, dims=(2, 3)) -> None:
     check_query(q, summaries.shape[0], summaries.shape[3], dims=dims)
     if q.dim() == 3 and q.shape[1] == 0:
         raise ValueError("q holds no queries (Tq = 0)")
-    for name, value in (("group_reduce", group_reduce), ("query_reduce", query_reduce)):
-        if value not in REDUCES:
-            raise ValueError(f"{name} must be one of {REDUCES}, got {value!r}")
+    if group_reduce not in REDUCES:
+        raise ValueError(f"group_reduce must be one of {REDUCES}, got {group_reduce!r}")
+    if query_reduce not in QUERY_REDUCES:
+        raise ValueError(f"query_reduce must be one of {QUERY_REDUCES}, got {query_reduce!r}")
 
 
 def _score_segments(q, summaries, kind, group_reduce, query_reduce, bounds, impl) -> torch.Tensor:
     impl = choose_impl(impl, q, summaries)
     if impl == "reference":
         return score_segments_reference(q, summaries, kind, group_reduce, query_reduce, bounds)
+    if query_reduce == "pool":  # one mean query per segment, then score those as segments of one
+        q = pool_segments(q, bounds)
+        bounds, query_reduce = list(range(q.shape[1] + 1)), "max"
     if impl == "cpu":
         return score_segments_cpu(q, summaries, kind, group_reduce, query_reduce, bounds)
     from .scoring_triton import score_segments_triton
 
     return score_segments_triton(q, summaries, kind, group_reduce, query_reduce, bounds)
+
+
+def pool_segments(q: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """q [Hq, Tq, D] -> [Hq, n_segments, D]: the mean query of each segment (fp32 sums)."""
+    lengths = torch.tensor(bounds, device=q.device).diff()
+    segment_of_query = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)  # [Tq]
+    sums = q.new_zeros((q.shape[0], len(lengths), q.shape[2]), dtype=torch.float32)
+    sums.index_add_(1, segment_of_query, q.float())
+    return sums / lengths.view(1, -1, 1).to(torch.float32)
 
 
 def _reduce(x: torch.Tensor, how: str, dim: int) -> torch.Tensor:
@@ -117,16 +133,18 @@ def score_segments_reference(q, summaries, kind, group_reduce, query_reduce, bou
         summ = summaries[h].float()  # [n, rows, D]
         for s in range(len(bounds) - 1):
             per_query = []
-            for t in range(bounds[s], bounds[s + 1]):
+            queries = range(bounds[s], bounds[s + 1]) if query_reduce != "pool" else [slice(bounds[s], bounds[s + 1])]
+            for t in queries:
                 per_head = []
                 for g in range(group):
-                    qv = q[h * group + g, t].float()  # [D]
+                    qv = q[h * group + g, t].float()  # [D], or [Tseg, D] to pool
+                    qv = qv.mean(0) if query_reduce == "pool" else qv
                     if kind == "minmax":
                         per_head.append(torch.maximum(qv * summ[:, 0], qv * summ[:, 1]).sum(-1))  # [n]
                     else:
                         per_head.append(summ[:, 0] @ qv)  # [n]
                 per_query.append(_reduce(torch.stack(per_head), group_reduce, 0))
-            out[h, s] = _reduce(torch.stack(per_query), query_reduce, 0)
+            out[h, s] = _reduce(torch.stack(per_query), "max" if query_reduce == "pool" else query_reduce, 0)
     return out
 
 

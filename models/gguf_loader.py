@@ -86,6 +86,24 @@ def _config_from_metadata(reader) -> ModelConfig:
     )
 
 
+def our_name(gguf_name: str) -> str:
+    """A GGUF tensor's name in our modules (unknown names pass through: load_state reports them)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if (m := re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)) and m.group(2) in _LAYER_NAMES:
+        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return gguf_name
+
+
+def unpermute_rows(name: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Undo llama.cpp's q/k row order on `w` (any row-major per-output-row array), by our name."""
+    if name.endswith("self_attn.q_proj.weight"):
+        return _unpermute(w, config.num_attention_heads)
+    if name.endswith("self_attn.k_proj.weight"):
+        return _unpermute(w, config.num_key_value_heads)
+    return w
+
+
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo the row order llama.cpp's converter gives Llama's q/k weights (for interleaved RoPE)."""
     out, cols = w.shape
@@ -97,26 +115,14 @@ def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor
 
     weights = {}
     for t in reader.tensors:
-        if t.name in _GLOBAL_NAMES:
-            name = _GLOBAL_NAMES[t.name]
-        elif m := re.fullmatch(r"blk\.(\d+)\.(.+)", t.name):
-            if m.group(2) not in _LAYER_NAMES:
-                name = t.name  # reported as unexpected by load_state
-            else:
-                name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-        else:
-            name = t.name
+        name = our_name(t.name)
         try:
             w = dequantize(t.data, t.tensor_type)
         except NotImplementedError:
             raise ModelError(f"GGUF tensor {t.name} has type {t.tensor_type.name}, which msa cannot read") from None
         # a copy: F32 tensors come back as read-only views of the mapped file
         w = np.array(w, dtype=np.float32).reshape([int(s) for s in reversed(t.shape)])
-        if name.endswith("self_attn.q_proj.weight"):
-            w = _unpermute(w, config.num_attention_heads)
-        elif name.endswith("self_attn.k_proj.weight"):
-            w = _unpermute(w, config.num_key_value_heads)
-        weights[name] = torch.from_numpy(w)
+        weights[name] = torch.from_numpy(unpermute_rows(name, w, config))
     return weights
 
 
@@ -170,11 +176,15 @@ def _convert(path: Path, digest: str, out: Path) -> None:
     _write_atomic(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
 
 
-def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None) -> Checkpoint:
-    """Load a GGUF model, through a converted copy under `converted_root` when one is given."""
+def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None,
+              q4_1_as_int4: bool = False) -> Checkpoint:
+    """Load a GGUF model, through a converted copy under `converted_root` when one is given.
+
+    With `q4_1_as_int4`, Q4_1 tensors come straight from the file's blocks as int4 weights
+    (`.weight/.scales/.mins`, see gguf_q4.py) and their fp32 copies are never read.
+    """
     import tempfile
 
-    from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
     path = Path(path)
@@ -199,7 +209,7 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
             _convert(path, digest, out)
             meta = json.loads(meta_path.read_text())
         config = ModelConfig.from_dict(meta["config"])
-        weights = load_file(str(out / "model.safetensors"))
+        weights = _read_weights(path, out / "model.safetensors", config, q4_1_as_int4)
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
         vocab = tok.get_vocab(with_added_tokens=True)
         inv = {i: t for t, i in vocab.items()}
@@ -211,3 +221,18 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _read_weights(gguf_path: Path, converted: Path, config: ModelConfig, q4_1_as_int4: bool) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    int4 = {}
+    if q4_1_as_int4:
+        from gguf import GGUFReader
+
+        from .gguf_q4 import q4_1_state
+
+        int4 = q4_1_state(GGUFReader(str(gguf_path)), config)
+    with safe_open(str(converted), "pt") as f:
+        weights = {k: f.get_tensor(k) for k in f.keys() if f"{k.removesuffix('.weight')}.scales" not in int4}
+    return {**weights, **int4}

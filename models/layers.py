@@ -19,6 +19,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset == 0.0 and x.dtype == torch.float32 == self.weight.dtype:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)   # one fused op, same result
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (self.weight.float() + self.offset)).to(x.dtype)
@@ -44,42 +46,61 @@ def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.
 class GatedMLP(nn.Module):
     """down(glu(gate(x), up(x))): the dense MLP and one MoE expert."""
 
+    fusable_projections = {"gate_up_proj": ("gate_proj", "up_proj")}    # see fuse.py
+
     def __init__(self, hidden: int, intermediate: int, glu: Callable = silu_glu):
         super().__init__()
+        self.fused_sizes = None
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.glu = glu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+        if self.fused_sizes is None:
+            return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
+        return self.down_proj(self.glu(gate, up))
 
 
 class RotaryEmbedding:
-    """Rotate-half RoPE (the Hugging Face layout). cos/sin tables grow on demand.
+    """Rotate-half RoPE (the Hugging Face layout), for any position in bounded memory.
 
+    Angles of positions below `span` come from a table; a larger position p = hi*span + lo
+    combines the table rows of hi*span and lo by the angle-sum rule, so a 1M-token input needs
+    two small tables (span rows, and one row per span of positions), not a million rows.
     Plain tensors on the CPU, not module buffers, so a model built on the meta device keeps them.
     """
 
-    def __init__(self, head_dim: int, base: float):
-        cpu = torch.device("cpu")
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim))
-        self._cos = torch.empty(0, device=cpu)
-        self._sin = torch.empty(0, device=cpu)
+    span = 16384
 
-    def _grow(self, n: int) -> None:
-        n = max(n, 2 * self._cos.shape[0], 256)
-        t = torch.arange(n, dtype=torch.float64, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)            # [n, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)          # [n, D]
-        self._cos, self._sin = emb.cos().float(), emb.sin().float()
+    def __init__(self, head_dim: int, base: float):
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+        self._low = self._table(torch.arange(self.span, dtype=torch.float64, device="cpu"))   # positions 0 .. span-1
+        self._high = self._table(torch.zeros(1, dtype=torch.float64, device="cpu"))          # multiples of span
+
+    def _table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.outer(positions, self.inv_freq)                                     # [n, D/2], fp64
+        emb = torch.cat([freqs, freqs], dim=-1)                                           # [n, D]
+        return emb.cos().float(), emb.sin().float()
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, D] for integer positions [T]."""
-        need = int(positions.max()) + 1
-        if need > self._cos.shape[0]:
-            self._grow(need)
-        return self._cos[positions], self._sin[positions]
+        """cos, sin: [..., D] for integer positions [...]."""
+        positions = positions.long()
+        if positions.numel() == 0 or int(positions.max()) < self.span:
+            return self._low[0][positions], self._low[1][positions]
+        hi, lo = positions // self.span, positions % self.span
+        if int(hi.max()) >= self._high[0].shape[0]:
+            n = max(int(hi.max()) + 1, 2 * self._high[0].shape[0])
+            self._high = self._table(torch.arange(n, dtype=torch.float64, device="cpu") * self.span)
+        cos_h, sin_h, cos_l, sin_l = self._high[0][hi], self._high[1][hi], self._low[0][lo], self._low[1][lo]
+        return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
+
+    def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [n, D] for positions start..start+n-1 (inside the table: views, no gather per step)."""
+        if start + n <= self.span:
+            return self._low[0][start:start + n], self._low[1][start:start + n]
+        return self.cos_sin(torch.arange(start, start + n))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

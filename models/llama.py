@@ -11,13 +11,25 @@ from torch import nn
 from .config import ModelConfig
 from .attention_settings import AttentionSettings
 from .kv_cache import KVCache
+from .dense_fast import dense_attention_4d
 from .layers import RMSNorm, RotaryEmbedding, apply_rope
 from .msa import attend
 
 
+def _attend(q, keys, values, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
+    """Attention over the cache: queries that are all dense, with nobody observing them, take
+    the 4-D fast path; everything else (MSA, source tracking) goes through `msa.attend`."""
+    if q_start + q.shape[1] <= cache.settings.sparse_from and not hasattr(cache, "observe_queries"):
+        return dense_attention_4d(q, keys, values, q_start)
+    return attend(q, keys, values, cache, layer, q_start, rope)
+
+
 class Attention(nn.Module):
+    fusable_projections = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}   # see fuse.py
+
     def __init__(self, config: ModelConfig):
         super().__init__()
+        self.fused_sizes = None
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -30,13 +42,25 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
         t = x.shape[0]
         d = self.head_dim
-        q = self.q_proj(x).view(t, self.n_heads, d).transpose(0, 1)        # q: [Hq, T, D]
-        k = self.k_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)     # k: [Hkv, T, D]
-        v = self.v_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)
-        q, k = self.qk_norm(q, k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.fused_sizes is not None and type(self).qk_norm is Attention.qk_norm:
+            # fused and no q/k norm: rotate q and k in one go
+            qkv = self.qkv_proj(x)
+            n_qk = (self.n_heads + self.n_kv_heads) * d
+            qk = apply_rope(qkv[:, :n_qk].view(t, -1, d).transpose(0, 1), cos, sin)    # [Hq+Hkv, T, D]
+            q, k = qk[:self.n_heads], qk[self.n_heads:]
+            v = qkv[:, n_qk:].view(t, self.n_kv_heads, d).transpose(0, 1)
+        else:
+            if self.fused_sizes is None:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            else:
+                q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
+            q = q.view(t, self.n_heads, d).transpose(0, 1)                 # q: [Hq, T, D]
+            k = k.view(t, self.n_kv_heads, d).transpose(0, 1)              # k: [Hkv, T, D]
+            v = v.view(t, self.n_kv_heads, d).transpose(0, 1)
+            q, k = self.qk_norm(q, k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)                            # [Hkv, q_start+T, D]
-        out = attend(q, keys, values, cache, layer, q_start, rope)          # [Hq, T, D]
+        out = _attend(q, keys, values, cache, layer, q_start, rope)         # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,14 +69,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    fusable_projections = {"gate_up_proj": ("gate_proj", "up_proj")}    # see fuse.py
+
     def __init__(self, config: ModelConfig):
         super().__init__()
+        self.fused_sizes = None
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_sizes is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -108,8 +138,7 @@ class Transformer(nn.Module):
         (prefill then skips the large vocabulary projection for every other token).
         """
         start = cache.length
-        positions = torch.arange(start, start + tokens.shape[0])
-        cos, sin = self.rope.cos_sin(positions)
+        cos, sin = self.rope.cos_sin_range(start, tokens.shape[0])
         x = self.embed_tokens(tokens)                                      # [T, hidden]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, start, self.rope)

@@ -27,6 +27,9 @@ from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
 
 
+PREFILL_QUERY_REDUCE = "pool"
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
            q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
     """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D]. Returns [Hq, Tq, D]."""
@@ -60,7 +63,9 @@ def _select(q, q_start, summaries, s, block_size):
         idx = select_blocks(scores, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                             local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
         return idx[:, None]
-    scores = score_query_blocks(q, q_start, summaries, block_size)                     # [Hkv, nq, n_full]
+    # each query block scores with its mean query: one query per block keeps prefill linear, and
+    # finds a planted needle as often as the max over its queries (benchmarks/msa_selection.py)
+    scores = score_query_blocks(q, q_start, summaries, block_size, query_reduce=PREFILL_QUERY_REDUCE)  # [Hkv, nq, n_full]
     return select_query_blocks(scores, q_start=q_start, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                                local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
 
@@ -75,41 +80,48 @@ def _sparse(q, q_start, keys, values, summaries, s, block_size):
 
 
 def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rope):
-    """MSA with far blocks re-rotated to a bounded distance."""
+    """MSA with far blocks re-rotated to a bounded distance, all query blocks of the chunk in
+    one batched attention call: query block j reads its own selection idx[:, j]."""
     end = q_start + q.shape[1]
     idx = _select(q, q_start, summaries, s, block_size)                                # [Hkv, nq, K]
-    hq, _, d = q.shape
-    hkv = keys.shape[0]
+    hq, tq, d = q.shape
+    hkv, nq, _ = idx.shape
     group = hq // hkv
-    scale = d ** -0.5
-    out = torch.empty(hq, q.shape[1], d, dtype=q.dtype)
     first_qblock = q_start // block_size
-    for j in range(idx.shape[1]):
-        lo = max(q_start, (first_qblock + j) * block_size) - q_start                  # chunk rows of query block j
-        hi = min(end, (first_qblock + j + 1) * block_size) - q_start
-        row = idx[:, j]                                                                # [Hkv, K]
-        k_sel, v_sel, key_pos = gather_selected_tokens(keys[:, :end], values[:, :end], row, block_size)
-        window_first = max(0, first_qblock + j - s.local_blocks + 1)
-        k_sel = _move_far_blocks(k_sel, row, window_first, block_size, rope)           # [Hkv, K*B, D]
-        q_pos = torch.arange(q_start + lo, q_start + hi)
-        qg = q[:, lo:hi].float().reshape(hkv, group * (hi - lo), d)                    # [Hkv, G*Tb, D]
-        allowed = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos.repeat(group)[None, :, None])
-        # every query may read at least its own token, so no row is fully masked
-        o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=scale)  # [Hkv, G*Tb, D]
-        out[:, lo:hi] = o.reshape(hq, hi - lo, d).to(q.dtype)
-    return out
+    k_sel, v_sel, key_pos = gather_selected_tokens(keys[:, :end], values[:, :end], idx, block_size)  # [Hkv, nq, K*B, .]
+    window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(min=0)  # [nq]
+    k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
+    # Queries laid out by query block: chunk row t sits at slot t + q_start % B of its block.
+    offset = q_start % block_size
+    padded = q.new_zeros((hq, nq * block_size, d), dtype=torch.float32)
+    padded[:, offset:offset + tq] = q.float()
+    qg = padded.view(hkv, group, nq, block_size, d).transpose(1, 2).reshape(hkv, nq, group * block_size, d)
+    # Padding rows get the block's last position, so every row reads at least one key.
+    q_pos = (first_qblock * block_size + torch.arange(nq * block_size)).clamp(q_start, end - 1)
+    q_pos = q_pos.view(nq, 1, block_size).expand(nq, group, block_size).reshape(1, nq, group * block_size, 1)
+    allowed = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= q_pos)          # [Hkv, nq, G*B, K*B]
+    o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=d ** -0.5)  # [Hkv, nq, G*B, D]
+    o = o.view(hkv, nq, group, block_size, d).transpose(1, 2).reshape(hq, nq * block_size, d)
+    return o[:, offset:offset + tq].to(q.dtype)
 
 
-def _move_far_blocks(k_sel, row, window_first, block_size, rope):
+def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
     """Rotate each far block (before the local window) forward so that, in selection order, the
     far blocks sit back to back right before the window: slot s of n_far moves to distance
-    (n_far - s) blocks before the window instead of (window_first - block) blocks."""
-    hkv, width = row.shape
+    (n_far - s) blocks before the window instead of (window_first - block) blocks.
+
+    k_sel [Hkv, nq, K*B, D] holds the blocks idx [Hkv, nq, K] of query blocks whose local
+    windows start at window_first [nq]. A whole block moves by one angle, so cos and sin are
+    computed per block and broadcast over its B tokens."""
+    hkv, nq, width = idx.shape
     slot = torch.arange(width)
-    far = (row >= 0) & (row < window_first)                                            # [Hkv, K]
-    n_far = far.sum(dim=1, keepdim=True)                                               # [Hkv, 1]
-    shift_blocks = torch.where(far, (window_first - row.long()) - (n_far - slot), 0)   # [Hkv, K], >= 0
-    shift = (shift_blocks * block_size).repeat_interleave(block_size, dim=1)           # [Hkv, K*B]
-    cos, sin = rope.cos_sin(shift.flatten())
+    row = idx.long()
+    first = window_first.view(1, -1, 1)
+    far = (row >= 0) & (row < first)                                                   # [Hkv, nq, K]
+    n_far = far.sum(dim=-1, keepdim=True)                                              # [Hkv, nq, 1]
+    shift_blocks = torch.where(far, (first - row) - (n_far - slot), 0)                 # [Hkv, nq, K], >= 0
+    cos, sin = rope.cos_sin(shift_blocks * block_size)                                 # [Hkv, nq, K, R]
     r = cos.shape[-1]                                                                  # rotated channels (partial RoPE: < D)
-    return apply_rope(k_sel, cos.view(hkv, -1, r), sin.view(hkv, -1, r))
+    by_block = k_sel.view(hkv, nq, width, block_size, -1)                              # [Hkv, nq, K, B, D]
+    moved = apply_rope(by_block, cos.view(hkv, nq, width, 1, r), sin.view(hkv, nq, width, 1, r))
+    return moved.view(k_sel.shape)

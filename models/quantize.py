@@ -23,6 +23,11 @@ from torch import nn
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
 PREFILL_ROWS = 16   # above this many rows, int8 dequantizes then multiplies (a compute-bound matmul)
+# PyTorch's CPU int8 and int4 weight-only kernels are vectorized for bf16 activations; with fp32
+# ones they run 10-50x slower (measured, 2 threads, AVX-512 and AVX2 builds alike). So the
+# activations go in as bf16 (and the output comes back in the caller's dtype): the weights
+# are already coarser than bf16.
+KERNEL_DTYPE = torch.bfloat16
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,13 +71,24 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
+        self._scales_bf16 = None
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._scales_bf16 = None   # made again from the new scales on the next call
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.weight.data_ptr() % 64:
+            # the kernel loads its weights with aligned vector loads: a tensor read from a
+            # safetensors file sits at any offset, and the kernel crashes on it (measured)
+            self.weight = self.weight.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).contiguous()                            # [M, K]
         if flat.shape[0] > PREFILL_ROWS:  # PyTorch's kernel is tuned for decode; measured 15x slower at M=512
             out = F.linear(flat, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
         else:
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
+            if self._scales_bf16 is None:
+                self._scales_bf16 = self.scales.to(KERNEL_DTYPE)
+            out = torch.ops.aten._weight_int8pack_mm(flat.to(KERNEL_DTYPE), self.weight, self._scales_bf16).to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -96,21 +112,37 @@ class Int4Linear(nn.Module):
         q = unpack_int4(weight).to(torch.int32)                                         # [N, K] in 0..15
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
-        self.scales_zeros = torch.stack([scales.T, (mins + 8 * scales).T], dim=-1).float().contiguous()
+        zeros = mins.float() + 8 * scales.float()
+        self.scales_zeros = torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).contiguous()                            # [M, K]
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size,
-                                                         self.scales_zeros.to(x.dtype))
-        return out.view(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE).contiguous()          # [M, K]
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_zeros)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
-def _targets(model: nn.Module, mode: str, group_size: int) -> dict[str, nn.Linear]:
-    """The Linear modules to quantize: all but MoE routers (`.gate`) and, for int4, those the
-    CPU kernel cannot take (input width not a multiple of the group, output not of 16)."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not name.endswith(".gate")
-            and (mode == "int8" or (m.in_features % group_size == 0 and m.out_features % 16 == 0))}
+HEAD_NAMES = ("lm_head",)   # output heads: int8 even in int4 mode
+
+
+def quantization_plan(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, str]:
+    """Which Linear modules to quantize, and how: every one but MoE routers (`.gate`). In int4
+    mode, the output head and any Linear the int4 kernel cannot take (input width not a
+    multiple of the group, output not of 16) get int8: the head turns every hidden state into
+    logits, and int4 there costs the embedded model 0.8 of perplexity (llama.cpp's 4-bit files
+    keep it at 6 to 8 bits too)."""
+    _check_mode(mode)
+    plan = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Linear) or name.endswith(".gate"):
+            continue
+        fits_int4 = m.in_features % group_size == 0 and m.out_features % 16 == 0
+        plan[name] = "int4" if mode == "int4" and fits_int4 and name not in HEAD_NAMES else "int8"
+    return plan
+
+
+def is_quantized_state(state: dict[str, torch.Tensor]) -> bool:
+    """Whether `state` holds quantized Linear weights (a `.scales` tensor beside a `.weight`)."""
+    return any(k.endswith(".scales") for k in state)
 
 
 def _check_mode(mode: str) -> None:
@@ -120,28 +152,68 @@ def _check_mode(mode: str) -> None:
 
 @torch.no_grad()
 def quantize_weights(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, torch.Tensor]:
-    """Step 1: the quantized tensors of every target Linear, by module name."""
-    _check_mode(mode)
+    """Step 1: the quantized tensors of every planned Linear, by module name (int4 ones have `mins`)."""
     state = {}
-    for name, linear in _targets(model, mode, group_size).items():
-        if mode == "int8":
+    for name, kind in quantization_plan(model, mode, group_size).items():
+        linear = model.get_submodule(name)
+        if kind == "int8":
             state[f"{name}.weight"], state[f"{name}.scales"] = quantize_int8(linear.weight)
         else:
             state[f"{name}.weight"], state[f"{name}.scales"], state[f"{name}.mins"] = quantize_int4(linear.weight, group_size)
     return state
 
 
+@torch.no_grad()
+def quantize_state(model: nn.Module, state: dict[str, torch.Tensor], mode: str,
+                   group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, torch.Tensor]:
+    """Step 1 on a state dict by module names (`model` only gives the plan: a skeleton on the
+    meta device will do). Linears already quantized in `state` (a GGUF's Q4_1 blocks) stay as
+    they are; a tied output head is quantized from the embedding, which stays floating."""
+    out = dict(state)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    for name, kind in quantization_plan(model, mode, group_size).items():
+        if f"{name}.scales" in out:
+            continue
+        w = out.pop(f"{name}.weight", None)
+        if w is None and name in HEAD_NAMES and tied:
+            w = out["embed_tokens.weight"]
+        if w is None:
+            continue
+        if kind == "int8":
+            out[f"{name}.weight"], out[f"{name}.scales"] = quantize_int8(w)
+        else:
+            out[f"{name}.weight"], out[f"{name}.scales"], out[f"{name}.mins"] = quantize_int4(w, group_size)
+    return out
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
 def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
-    """Step 2: replace the target Linear modules by empty quantized ones; returns their names."""
-    _check_mode(mode)
-    names = list(_targets(model, mode, group_size))
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, child)
-        new = (Int8Linear(old.in_features, old.out_features) if mode == "int8"
-               else Int4Linear(old.in_features, old.out_features, group_size))
-        setattr(parent, child, new)
+    """Step 2: replace the planned Linear modules by empty quantized ones; returns their names."""
+    plan = quantization_plan(model, mode, group_size)
+    for name, kind in plan.items():
+        old = model.get_submodule(name)
+        _replace(model, name, Int8Linear(old.in_features, old.out_features) if kind == "int8"
+                 else Int4Linear(old.in_features, old.out_features, group_size))
+    return list(plan)
+
+
+def swap_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Step 2 for a state read back from a file: each Linear with `scales` in `state` becomes
+    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear."""
+    names = []
+    for name, m in list(model.named_modules()):
+        if not isinstance(m, nn.Linear) or f"{name}.scales" not in state:
+            continue
+        if f"{name}.mins" in state:
+            group_size = m.in_features // state[f"{name}.scales"].shape[1]
+            _replace(model, name, Int4Linear(m.in_features, m.out_features, group_size))
+        else:
+            _replace(model, name, Int8Linear(m.in_features, m.out_features))
+        names.append(name)
     return names
 
 
@@ -173,8 +245,10 @@ def load_quantized(path) -> tuple[dict[str, torch.Tensor], str, int]:
     return state, meta["msa.quantization"], int(meta["msa.group_size"])
 
 
-def reference_linear(x: torch.Tensor, state: dict[str, torch.Tensor], name: str, mode: str) -> torch.Tensor:
-    """Dequantize, then a plain matmul: the definition the fast kernels are tested against."""
+def reference_linear(x: torch.Tensor, state: dict[str, torch.Tensor], name: str, mode: str | None = None) -> torch.Tensor:
+    """Dequantize, then a plain matmul: the definition the fast kernels are tested against
+    (`mode` None: int4 if the state has `mins` for `name`, else int8)."""
+    mode = mode or ("int4" if f"{name}.mins" in state else "int8")
     if mode == "int8":
         w = dequantize_int8(state[f"{name}.weight"], state[f"{name}.scales"])
     else:

@@ -158,11 +158,22 @@ def packaged_file(model: KnownModel) -> Path:
 class ModelSource:
     name: str
     path: Path
-    format: str  # "gguf" or "hf" (a directory with config.json and safetensors)
+    format: str  # "gguf", "hf" (a directory with config.json and safetensors) or "quantized" (msa quantize's)
 
 
-def resolve(spec: str) -> ModelSource:
-    """Turn --model's value (a registry name, a .gguf path or a model directory) into files."""
+def quantized_copies(root: Path | None) -> dict[str, Path]:
+    """Quantized copies written by `msa quantize` under `root`, by name (`MODEL-int8`, ...)."""
+    if root is None or not Path(root).is_dir():
+        return {}
+    return {d.name: d for d in sorted(Path(root).iterdir()) if (d / "meta.json").is_file()}
+
+
+def resolve(spec: str, *, quantized_root: Path | None = None) -> ModelSource:
+    """Turn --model's value (a registry name, a quantized copy under `quantized_root`, a .gguf
+    path or a model directory) into files."""
+    copies = quantized_copies(quantized_root)
+    if spec in copies:
+        return ModelSource(spec, copies[spec], "quantized")
     if spec in KNOWN_MODELS:
         model = KNOWN_MODELS[spec]
         if model.needs_gpu_cluster:

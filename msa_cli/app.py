@@ -55,7 +55,21 @@ QuietOption = typer.Option(False, "--quiet", "-q", envvar="MSA_QUIET", show_envv
                            help="Nothing on stderr but errors: no progress, notes or warnings.")
 VerboseOption = typer.Option(False, "--verbose", "-v", envvar="MSA_VERBOSE", show_envvar=True,
                              help="More on stderr: the model and settings used, and each answer's figures.")
+QuantOption = typer.Option(None, "--quant", envvar="MSA_QUANT", show_envvar=True,
+                           help="Quantize the weights on load: int8 (per channel) or int4 (groups of 32; a GGUF's "
+                                "Q4_1 weights as they are). Less memory, faster decoding. [default: none, fp32 weights]")
+DtypeOption = typer.Option("fp32", "--dtype", envvar="MSA_DTYPE", show_envvar=True,
+                           help="Compute dtype: fp32, or bf16 (fast only on CPUs with bf16 units).")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
+ServerOption = typer.Option(
+    None, "--server", envvar="MSA_SERVER", show_envvar=True,
+    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of the local "
+         "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, --threads "
+         "and the cache options are then the server's business.")
+ApiKeyOption = typer.Option(None, "--api-key", envvar="MSA_API_KEY", show_envvar=True,
+                            help="The key the --server asks for (sent as 'Authorization: Bearer KEY').")
+TimeoutOption = typer.Option(600.0, "--timeout", min=0.001,
+                             help="Seconds to wait for the --server to connect or to send its next bytes.")
 
 
 def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
@@ -64,6 +78,13 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int):
     if mode not in MODES:
         raise typer.BadParameter(f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention")
     return AttentionSettings(mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks)
+
+
+def _check_precision(quant, dtype: str) -> None:
+    if quant is not None and quant not in ("int8", "int4"):
+        raise typer.BadParameter(f"{quant!r} is not one of int8, int4", param_hint="--quant")
+    if dtype not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
 
 
 def _print_rows(rows: list[dict], json_out: bool, title: str) -> None:
@@ -112,6 +133,11 @@ def ask(
     local_blocks: int = LocalBlocksOption,
     sources: bool = typer.Option(False, "--sources", help="After the answer, list the passages the model read (file, lines, score)."),
     hidden: bool = HiddenOption,
+    server: Optional[str] = ServerOption,
+    api_key: Optional[str] = ApiKeyOption,
+    timeout: float = TimeoutOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
     """Answer a question about a document, streaming the answer to stdout.
 
@@ -121,12 +147,9 @@ def ask(
     The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
     the next question about the same document reads only the question.
     """
-    from .ask import AskSettings, answer_figures, process_start_time, stream_answer
     from .context import read_context
     from .output import write_stdout
-    from .paths import cache_dir as resolve_cache_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
+    from .runtime import process_start_time
 
     started_at = process_start_time()
     _check_verbosity(quiet, verbose)
@@ -136,11 +159,26 @@ def ask(
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
+    if server and sources:
+        raise typer.BadParameter("needs the local engine: leave out --server to list sources", param_hint="--sources")
+    document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import Sampling, ask_remote
+
+        remote, served_model = _connect(server, api_key, timeout, model)
+        ask_remote(remote, served_model, document, question, Sampling(max_tokens, temperature, top_p, seed, system),
+                   json_out=json_out, started_at=started_at)
+        return
+    from .ask import AskSettings, answer_figures, stream_answer
+    from .paths import cache_dir as resolve_cache_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .runtime import load, set_threads
+
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
-    document = read_context(paths, hidden=hidden, warn=_warn_unless(quiet))
     n_threads = set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
     if verbose:
         _note(_model_line(loaded, load_s, n_threads, attention_settings))
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -179,6 +217,15 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
             f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}")
 
 
+def _connect(server: str, api_key: Optional[str], timeout: float, model: str):
+    """The --server, and the model to ask it for: --model when it serves it, else (when
+    --model was left at its default) its only one."""
+    from .remote import Server
+
+    remote = Server(server, api_key=api_key, timeout=timeout)
+    return remote, remote.model(model, chosen=model != DEFAULT_MODEL)
+
+
 def _warn_unless(quiet: bool):
     """One line on stderr per skipped file, unless --quiet."""
     return (lambda message: None) if quiet else _note
@@ -205,6 +252,11 @@ def chat(
     block_size: Optional[int] = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     hidden: bool = HiddenOption,
+    server: Optional[str] = ServerOption,
+    api_key: Optional[str] = ApiKeyOption,
+    timeout: float = TimeoutOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
     """Talk about documents: read them once, then answer question after question.
 
@@ -215,34 +267,44 @@ def chat(
     The documents' K/V go to the prefix cache (budget: MSA_CACHE_MAX, default 10G), shared with
     msa ask.
     """
-    from .ask import AskSettings
-    from .chat import ChatSession, run_repl, run_scripted
     from .context import read_context
-    from .paths import cache_dir as resolve_cache_dir
+    from .conversation import run_repl, run_scripted
     from .paths import data_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
 
     _check_verbosity(quiet, verbose)
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if "-" in context and not interactive:
         raise typer.BadParameter("stdin carries the questions; - cannot be a --context here", param_hint="--context")
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                      max_bytes=budget_from_env(), read_only=cache_ro)
     documents = read_context(context, hidden=hidden, warn=_warn_unless(quiet))
-    n_threads = set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir)
-    if verbose:
-        _note(_model_line(loaded, load_s, n_threads, attention_settings))
-    settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                           system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
-                           attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
-                           sources=True, summary=not quiet, verbose=verbose, speed_dir=resolve_cache_dir(cache_dir))
-    session = ChatSession(loaded, documents, settings)
-    session.read_documents()
+    if server:   # before the local engine's imports: a client does not load PyTorch
+        from .remote_commands import RemoteChatSession, Sampling
+
+        remote, served_model = _connect(server, api_key, timeout, model)
+        session = RemoteChatSession(remote, served_model, documents, Sampling(max_tokens, temperature, top_p, seed, system))
+    else:
+        from .ask import AskSettings
+        from .chat import ChatSession
+        from .paths import cache_dir as resolve_cache_dir
+        from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+        from .runtime import load, set_threads
+
+        prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                          max_bytes=budget_from_env(), read_only=cache_ro)
+        n_threads = set_threads(threads)
+        loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
+        if verbose:
+            _note(_model_line(loaded, load_s, n_threads, attention_settings))
+        settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                               system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
+                               attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
+                               sources=True, summary=not quiet, verbose=verbose,
+                               speed_dir=resolve_cache_dir(cache_dir))
+        session = ChatSession(loaded, documents, settings)
+        session.read_documents()
     if interactive:
         run_repl(session, data_dir() / "chat_history")
     else:
@@ -302,6 +364,32 @@ def pull(model: str = typer.Argument(..., metavar="MODEL", help="A registry name
     print(folder)
 
 
+@app.command("quantize", epilog=EXIT_CODES_HELP)
+@reports_errors
+def quantize_command(
+    model: str = typer.Argument(..., help="A model name, a .gguf file or a model directory."),
+    to: str = typer.Option(..., "--to", help="int8 (per output channel) or int4 (groups of 32, asymmetric)."),
+    cache_dir: Optional[str] = CacheDirOption,
+):
+    """Write a quantized copy of MODEL, used as --model MODEL-int8 or MODEL-int4 and listed by msa models.
+
+    The copy keeps the weights quantized on disk and in memory (the output head stays int8 in
+    int4 mode); a GGUF's Q4_1 weights go into int4 unchanged.
+    """
+    from .paths import cache_dir as resolve_cache_dir
+    from .paths import converted_models_dir, quantized_models_dir
+    from .prefix_cache import format_size
+
+    if to not in ("int8", "int4"):
+        raise typer.BadParameter(f"{to!r} is not one of int8, int4", param_hint="--to")
+    from msa_models.loading import write_quantized
+
+    folder = write_quantized(model, to, quantized_root=quantized_models_dir(),
+                             converted_root=converted_models_dir(resolve_cache_dir(cache_dir)))
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    print(f"wrote {folder.name} ({format_size(size)}) to {folder}; use it with --model {folder.name}")
+
+
 @bench_app.command("e2e")
 @reports_errors
 def bench_e2e(
@@ -315,17 +403,31 @@ def bench_e2e(
     topk: int = TopkOption,
     block_size: Optional[int] = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
+    quant: Optional[str] = QuantOption,
+    dtype: str = DtypeOption,
 ):
-    """Prefill and decode speed of a model at each context length."""
+    """Prefill and decode speed of a model at each context length, and the process's peak memory.
+
+    For each length: prefill that many random tokens (in chunks of 512), then decode
+    --decode-tokens greedily. Tokens/s are wall-clock; peak_rss_mb is the process's peak
+    resident memory so far (weights, KV cache and work buffers).
+    """
     from .bench import parse_lengths, run_e2e
     from .runtime import load, set_threads
 
     lengths = parse_lengths(length)
     settings = _attention_settings(attention, topk, block_size, local_blocks)
+    _check_precision(quant, dtype)
     n_threads = set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
-    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings)
-    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {attention} attention, {n_threads} threads")
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
+    from .paths import cache_dir as resolve_cache_dir
+
+    rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings,
+                   spill_dir=resolve_cache_dir(cache_dir) / "kv")
+    for row in rows:
+        row.update(model=loaded.name, weights=loaded.quantization or dtype, threads=n_threads)
+    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {loaded.quantization or dtype} weights, "
+                                f"{attention} attention, {n_threads} threads")
 
 
 @bench_app.command("attention")
@@ -387,6 +489,48 @@ def eval_passkey(
     else:
         summary = [{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows]
         _print_rows(summary, False, f"msa eval passkey: {loaded.name}")
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+@reports_errors
+def serve(
+    model: str = ModelOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="The port to listen on (0: any free one)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MSA_API_KEY", show_envvar=True,
+                                          help="Answer only requests that send 'Authorization: Bearer KEY'."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", "-n", min=1,
+                                   help="The longest answer a request may ask for (more is a 400 error); "
+                                        "also the length of answers whose request does not say."),
+    max_request_bytes: int = typer.Option(64_000_000, "--max-request-bytes", min=1,
+                                          help="The largest request body (more is a 400 error)."),
+    queue_size: int = typer.Option(16, "--queue-size", min=1,
+                                   help="Requests that may wait while one is answered; past that, 503."),
+    threads: Optional[int] = ThreadsOption,
+    cache_dir: Optional[str] = CacheDirOption,
+    no_cache: bool = NoCacheOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: Optional[int] = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+):
+    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions (streaming or not),
+    /v1/models, /health.
+
+    One request is answered at a time, the rest wait in a queue. Documents share the prefix cache
+    with `msa ask` and `msa chat`. Ctrl-C stops the server.
+    """
+    from .runtime import load, set_threads
+    from .server.run import address, listen, make_app, serve_until_stopped
+
+    attention_settings = _attention_settings(attention, topk, block_size, local_blocks)
+    sock = listen(host, port)
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir)
+    app_ = make_app(loaded, attention_settings, cache_dir=cache_dir, no_cache=no_cache, queue_size=queue_size,
+                    api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+    print(f"msa serve: {loaded.name} at {address(sock)}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+    serve_until_stopped(app_, sock)
 
 
 def main() -> None:

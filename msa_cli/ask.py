@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 
 from msa_models.attention_settings import AttentionSettings
 from msa_models.errors import InputTooLongError
@@ -20,14 +19,11 @@ from .output import reading_progress
 from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prompt import Prompt, build_prompt
 from .read_speed import duration, known_speed, record_speed, speed_key
+from .runtime import kv_storage_dir
 from .sampling import Sampler
 from .sources import SourceTracker
 
 LONG_READ_TOKENS = 4096    # a single document this long (to read) gets the summary line too
-
-
-def process_start_time() -> float:
-    return psutil.Process().create_time()
 
 
 @dataclass
@@ -82,8 +78,14 @@ class Answer:
 def stream_answer(loaded, document: Document | Context, question: str,
                   settings: AskSettings) -> tuple[Answer, Iterator[str]]:
     """Prefill the prompt and return the answer record and an iterator of text pieces."""
+    prompt = build_prompt(loaded.tokenizer, document.text, question, system=settings.system)
+    return stream_prompt(loaded, prompt, document, settings)
+
+
+def stream_prompt(loaded, prompt: Prompt, document: Document | Context,
+                  settings: AskSettings) -> tuple[Answer, Iterator[str]]:
+    """`stream_answer` for a prompt already built (`document`: what its document part came from)."""
     tok = loaded.tokenizer
-    prompt = build_prompt(tok, document.text, question, system=settings.system)
     ids = prompt.ids
     limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
     if limit is not None and len(ids) >= limit:
@@ -97,7 +99,7 @@ def stream_answer(loaded, document: Document | Context, question: str,
     if limit is not None:
         capacity = min(limit, capacity)
     cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
-                                   storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+                                   storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir))
     tracker = None
     if settings.sources:
         tracker = SourceTracker(cache, doc_start=len(prompt.head), doc_end=prompt.context_length)
@@ -169,14 +171,6 @@ def answer_figures(timings: Timings, *, prompt_tokens: int | None = None, cached
     return (f"{head}{timings.prefill_tokens:,} read in {timings.prefill_s:.2f} s ({timings.prefill_tok_s:,.1f} tok/s); "
             f"{timings.generated_tokens:,} written at {timings.decode_tok_s:,.1f} tok/s; "
             f"finish: {timings.finish_reason or 'interrupted'}")
-
-
-def _storage_for(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
-    """Keep K/V in memory while they take at most half of the available memory, else in files."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
-        return None
-    return spill_dir
 
 
 def attention_identity(cache) -> dict:

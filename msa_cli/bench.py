@@ -32,19 +32,36 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None) -> list[dict]:
+def anon_rss_mb() -> float:
+    """The process's resident memory that is not a mapped file (K/V spilled to files are page
+    cache the OS can drop; this is what must fit in RAM). 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None) -> list[dict]:
     """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
-    under the attention `settings` (AttentionSettings; None: the defaults)."""
+    under the attention `settings` (AttentionSettings; None: the defaults). K/V too large for
+    memory live in files under `spill_dir`, as in `msa ask`."""
     import torch
 
     from .generate import prefill
+    from .runtime import kv_storage_dir
 
     model = loaded.model
     generator = torch.Generator().manual_seed(0)
     rows = []
     for length in lengths:
         ids = torch.randint(256, loaded.config.vocab_size, (length,), generator=generator).tolist()
-        cache = model.new_cache(capacity=length + decode_tokens, settings=settings)
+        capacity = length + decode_tokens
+        cache = model.new_cache(capacity=capacity, settings=settings,
+                                storage_dir=kv_storage_dir(loaded.config, capacity, spill_dir))
         start = time.perf_counter()
         logits = prefill(model, cache, ids)
         prefill_s = time.perf_counter() - start
@@ -58,6 +75,8 @@ def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None) ->
             "prefill_tok_s": round(length / prefill_s, 2),
             "decode_tok_s": round(decode_tokens / decode_s, 2),
             "peak_rss_mb": round(peak_rss_mb(), 1),
+            "anon_rss_mb": round(anon_rss_mb(), 1),
+            "kv_in_files": cache.storage_dir is not None,
         })
         del cache
     return rows

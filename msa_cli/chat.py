@@ -3,9 +3,7 @@
 The documents are read into one KV cache when the chat starts (through the prefix cache, as
 `msa ask` reads them, so an ask and a chat about the same file share it). Each turn appends
 its question and answer to that cache, so turn N computes only its own tokens. `/reset`
-truncates the cache back to the documents. On a terminal it is a REPL (prompt_toolkit, with
-history in the data directory); otherwise it reads one question per line and prints answers
-plainly, for scripts.
+truncates the cache back to the documents. The REPL and the /commands are in `conversation`.
 """
 
 from __future__ import annotations
@@ -13,42 +11,24 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
-from msa_models.errors import InputTooLongError, MsaError
+from msa_models.errors import InputTooLongError
 
-from .ask import AskSettings, _storage_for, answer_figures, open_prefix_cache, read_speed_key, reading_summary
+from .ask import AskSettings, answer_figures, open_prefix_cache, read_speed_key, reading_summary
 from .context import Context
+from .conversation import Conversation, Turn
 from .generate import Generation, Timings, prefill
-from .output import reading_progress, write_stdout
+from .output import reading_progress
 from .prompt import build_prompt, next_turn
 from .read_speed import known_speed, record_speed
+from .runtime import kv_storage_dir
 from .sampling import Sampler
 from .sources import SourceTracker
 
-HELP = """\
-/help          this list
-/reset         forget the conversation, keep the documents
-/context       the documents loaded
-/sources       the passages the last answer read
-/stats         tokens, cache hits, speed
-/save FILE     write the conversation to FILE (Markdown)
-/exit          leave (or Ctrl-D)"""
-
-
-@dataclass
-class Turn:
-    question: str
-    answer: str
-    sources: list
-    timings: Timings
-    stopped: bool = False
-
-
-class ChatSession:
+class ChatSession(Conversation):
     def __init__(self, loaded, context: Context, settings: AskSettings):
-        self.loaded, self.context, self.settings = loaded, context, settings
+        super().__init__(context)
+        self.loaded, self.settings = loaded, settings
         tok = loaded.tokenizer
         self.prompt = build_prompt(tok, context.text, "", system=settings.system)   # head + documents
         self.context_length = self.prompt.context_length
@@ -58,12 +38,11 @@ class ChatSession:
                                     f"{loaded.name} reads at most {self.limit:,} with dense attention")
         capacity = self.context_length + settings.max_tokens + 256
         self.cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
-                                            storage_dir=_storage_for(loaded.config, capacity, settings.kv_spill_dir))
+                                            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir))
         self.tracker = SourceTracker(self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length)
         self.cache.observe_queries = self.tracker
         self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
         self.seq: list[int] = []        # the conversation's tokens; the cache holds seq[:cache.length]
-        self.turns: list[Turn] = []
         self.cached_tokens = 0
         self.read_s = 0.0
 
@@ -149,104 +128,3 @@ class ChatSession:
             lines.append(f"last answer: {t.prefill_tokens:,} tokens read at {t.prefill_tok_s:,.1f} tok/s, "
                          f"{t.generated_tokens:,} written at {t.decode_tok_s:,.1f} tok/s")
         return "\n".join(lines)
-
-    def context_lines(self) -> str:
-        lines = [f"{f.path}" for f in self.context.files]
-        lines += [f"(skipped {path}: {reason})" for path, reason in self.context.skipped]
-        return "\n".join(lines)
-
-    def sources_lines(self) -> str:
-        if not self.turns:
-            return "no answer yet"
-        return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
-
-    def markdown(self) -> str:
-        out = ["# msa chat", "", "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files), ""]
-        for turn in self.turns:
-            out += [f"**Question:** {turn.question}", "", turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""), ""]
-            if turn.sources:
-                out += ["Sources:", ""] + [f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
-                                           for s in turn.sources] + [""]
-        return "\n".join(out)
-
-
-def command(session: ChatSession, line: str) -> str | None:
-    """Run a /command; returns what to print, or None to leave the chat."""
-    name, _, arg = line.strip().partition(" ")
-    arg = arg.strip()
-    if name in ("/exit", "/quit"):
-        return None
-    if name == "/help":
-        return HELP
-    if name == "/reset":
-        session.reset()
-        return "conversation forgotten; the documents stay loaded"
-    if name == "/context":
-        return session.context_lines()
-    if name == "/sources":
-        return session.sources_lines()
-    if name == "/stats":
-        return session.stats()
-    if name == "/save":
-        if not arg:
-            return "usage: /save FILE"
-        try:
-            Path(arg).expanduser().write_text(session.markdown(), encoding="utf-8")
-        except OSError as e:
-            return f"cannot write {arg}: {e.strerror}"
-        return f"saved to {arg}"
-    return f"unknown command {name} (try /help)"
-
-
-def run_scripted(session: ChatSession, lines) -> None:
-    """stdin is not a terminal: one question (or /command) per line, plain answers on stdout."""
-    for raw in lines:
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("/"):
-            reply = command(session, line)
-            if reply is None:
-                return
-            write_stdout(reply + "\n")
-            continue
-        for piece in session.ask(line):
-            write_stdout(piece)
-        write_stdout("\n")
-        session.after_answer()
-
-
-def run_repl(session: ChatSession, history_file: Path, *, terminal_input=None, terminal_output=None) -> None:
-    """A terminal: line editing and history; Ctrl-C stops an answer, Ctrl-D leaves.
-    (`terminal_input`/`terminal_output`: prompt_toolkit's, for tests.)"""
-    from prompt_toolkit import PromptSession
-    from prompt_toolkit.history import FileHistory
-
-    history_file.parent.mkdir(parents=True, exist_ok=True)
-    prompt = PromptSession(history=FileHistory(str(history_file)), input=terminal_input, output=terminal_output)
-    print("Ask about the documents; /help lists commands, Ctrl-D leaves.", file=sys.stderr)
-    while True:
-        try:
-            line = prompt.prompt("> ").strip()
-        except KeyboardInterrupt:
-            continue
-        except EOFError:
-            return
-        if not line:
-            continue
-        if line.startswith("/"):
-            reply = command(session, line)
-            if reply is None:
-                return
-            print(reply)
-            continue
-        try:
-            for piece in session.ask(line):
-                write_stdout(piece)
-            write_stdout("\n")
-            session.after_answer()
-        except KeyboardInterrupt:
-            write_stdout("\n")
-            print("(stopped)", file=sys.stderr)
-        except MsaError as e:
-            print(f"msa: error: {e}", file=sys.stderr)

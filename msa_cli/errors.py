@@ -1,7 +1,8 @@
 """The one place where errors become a one-line message and an exit code.
 
 Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, 4 model missing or unknown,
-5 input too long for the model or out of memory, 130 interrupted.
+5 input too long for the model or out of memory, 6 server error (--server: unreachable, refused,
+timed out), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from msa_models.errors import MsaError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
-    "4 model missing or unknown, 5 input too long or out of memory, 130 interrupted."
+    "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), 130 interrupted."
 )
 
 

@@ -42,6 +42,32 @@ def model_rows() -> list[dict]:
             "context_length": model.context_length,
             "source": getattr(model, "package", None) and f"pip: {model.package}" or f"hf: {model.hub_id}",
         })
+    return rows + quantized_rows()
+
+
+def quantized_rows() -> list[dict]:
+    """The copies `msa quantize` wrote (unreadable ones are skipped: msa quantize rewrites them)."""
+    import json
+
+    from msa_models.registry import quantized_copies
+
+    from .paths import quantized_models_dir
+
+    rows = []
+    for name, folder in quantized_copies(quantized_models_dir()).items():
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+        rows.append({
+            "name": name,
+            "description": f"{meta.get('base')} quantized to {meta.get('quantization')}",
+            "installed": True,
+            "path": str(folder),
+            "size_bytes": _size_on_disk(folder),
+            "context_length": meta.get("config", {}).get("max_position_embeddings", 0),
+            "source": f"msa quantize {meta.get('base')}",
+        })
     return rows
 
 

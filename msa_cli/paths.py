@@ -27,3 +27,8 @@ def converted_models_dir(cache: Path) -> Path:
 def data_dir() -> Path:
     """Chat history and other user data: $XDG_DATA_HOME/msa."""
     return _xdg("XDG_DATA_HOME", ".local/share") / "msa"
+
+
+def quantized_models_dir() -> Path:
+    """Quantized copies written by `msa quantize`: $XDG_DATA_HOME/msa/models."""
+    return data_dir() / "models"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from msa_models.errors import ModelError
+from msa_models.errors import InputError, ModelError
 from msa_models.tokenizer import TextTokenizer
 
 _DOCUMENT_SLOT = "\u2063msa-document\u2063"
@@ -18,6 +18,7 @@ _USER_MESSAGE = (
     "Read this document, then answer the question after it.\n\n"
     "<document>\n{document}\n</document>\n\nQuestion: {question}"
 )
+_BEFORE_DOCUMENT, _BETWEEN = _USER_MESSAGE.removesuffix("{question}").split("{document}")
 
 
 @dataclass
@@ -39,10 +40,53 @@ class Prompt:
         return len(self.head) + len(self.document)
 
 
+def user_message(document: str, question: str) -> str:
+    """The first user message: the document, then the question. A server is sent this text too."""
+    return _USER_MESSAGE.format(document=document, question=question.strip())
+
+
+def split_user_message(content: str) -> tuple[str, str] | None:
+    """(document, question) of a message `user_message` made; None for any other text."""
+    if not content.startswith(_BEFORE_DOCUMENT):
+        return None
+    document, between, question = content[len(_BEFORE_DOCUMENT):].rpartition(_BETWEEN)
+    return (document, question) if between else None
+
+
 def build_prompt(tokenizer: TextTokenizer, document: str, question: str, *,
                  system: str | None = None) -> Prompt:
     messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": _USER_MESSAGE.format(document=_DOCUMENT_SLOT, question=question.strip())})
+    messages.append({"role": "user", "content": user_message(_DOCUMENT_SLOT, question)})
+    return _around_document(tokenizer, messages, document, question)
+
+
+def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prompt:
+    """The prompt for a conversation of {"role", "content"} messages ending with the user's.
+
+    When the first user message carries a document (`user_message`'s text, as `msa ask` and
+    `msa chat --server` send it), the document is tokenized on its own, as `build_prompt` does:
+    the same tokens, so a server shares the prefix cache with `msa ask`. Otherwise the context
+    is everything before the last user message.
+    """
+    messages = [dict(m) for m in messages]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise InputError("a conversation needs a user message")
+    question = messages[users[-1]]["content"]
+    carried = split_user_message(messages[users[0]]["content"])
+    if carried is not None:
+        document, first_question = carried
+        messages[users[0]]["content"] = user_message(_DOCUMENT_SLOT, first_question)
+        if len(users) == 1:
+            question = first_question
+    else:
+        document = ""
+        messages[users[-1]]["content"] = _DOCUMENT_SLOT + question
+    return _around_document(tokenizer, messages, document, question)
+
+
+def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: str, question: str) -> Prompt:
+    """Render `messages` (one of which holds the document slot) and tokenize the document on its own."""
     text = tokenizer.template.render(messages, add_generation_prompt=True)
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")

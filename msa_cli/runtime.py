@@ -16,6 +16,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def process_start_time() -> float:
+    """When this process started (time.time()'s clock): time to first token counts from there."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def set_threads(threads: int | None) -> int:
     import torch
 
@@ -24,20 +31,25 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-# Models already loaded in this process, by --model value: a process that runs several commands
-# (the test suite, a server) loads each model once. Weights are never modified after loading.
+# Models already loaded in this process, by --model, --quant and --dtype: a process that runs
+# several commands (the test suite, a server) loads each model once. Weights are never modified
+# after loading.
 _loaded: dict = {}
 
 
-def load(model: str, *, cache: str | None = None):
-    """Load `model`; returns (LoadedModel, seconds)."""
+def load(model: str, *, cache: str | None = None, quant: str | None = None, dtype: str = "fp32"):
+    """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds)."""
     from msa_models import load_model
 
+    from .paths import quantized_models_dir
+
     start = time.perf_counter()
-    if model not in _loaded:
+    key = (model, quant, dtype)
+    if key not in _loaded:
         root = _writable_or_none(converted_models_dir(cache_dir(cache)))
-        _loaded[model] = load_model(model, converted_root=root)
-    return _loaded[model], time.perf_counter() - start
+        _loaded[key] = load_model(model, converted_root=root, quant=quant, dtype=dtype,
+                                  quantized_root=quantized_models_dir())
+    return _loaded[key], time.perf_counter() - start
 
 
 def _writable_or_none(path: Path) -> Path | None:
@@ -47,3 +59,14 @@ def _writable_or_none(path: Path) -> Path | None:
     except OSError:
         return None
     return path if os.access(path, os.W_OK) else None
+
+
+def kv_storage_dir(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
+    """Where a cache of `n_tokens` keeps K/V: None (memory) while they take at most half of the
+    available memory, else files under `spill_dir`, which the OS pages in block by block."""
+    import psutil
+
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
+        return None
+    return spill_dir

@@ -104,7 +104,8 @@ def test_the_repl_keeps_history_and_leaves_on_ctrl_d(embedded, doc, capsys):
     from prompt_toolkit.output import DummyOutput
 
     from msa_cli.ask import AskSettings
-    from msa_cli.chat import ChatSession, run_repl
+    from msa_cli.chat import ChatSession
+    from msa_cli.conversation import run_repl
     from msa_cli.context import read_context
     from msa_cli.paths import data_dir
 

@@ -47,7 +47,7 @@ def test_summaries_extend_incrementally():
         block_summaries(k, 16, first_block=7)
 
 
-@pytest.mark.parametrize("query_reduce", ["sum", "max"])
+@pytest.mark.parametrize("query_reduce", ["sum", "max", "pool"])
 @pytest.mark.parametrize("group_reduce", ["sum", "max"])
 @pytest.mark.parametrize("kind", ["minmax", "mean"])
 @pytest.mark.parametrize("group", [1, 3, 8])
@@ -58,6 +58,18 @@ def test_scores_cpu_matches_reference(group, kind, group_reduce, query_reduce):
         assert ref.shape == (HKV, 9) and ref.dtype == torch.float32
         cpu = score_blocks(q, summaries, kind, group_reduce, query_reduce, impl="cpu")
         assert_close(cpu, ref, atol=1e-4, rtol=1e-5)
+
+
+def test_pooled_scores_are_the_scores_of_each_query_blocks_mean_query():
+    """query_reduce="pool" on a chunk spanning query blocks 5 (part), 6 and 7 (part) equals
+    scoring, one at a time, the mean query of each block's slice of the chunk."""
+    summaries = block_summaries(randn(HKV, 160, HEAD_DIM), 16)
+    q = randn(HKV * 3, 37, HEAD_DIM, seed=3)                     # positions 90 .. 126
+    got = score_query_blocks(q, 90, summaries, 16, query_reduce="pool")
+    assert got.shape == (HKV, 3, 10)
+    for j, (lo, hi) in enumerate([(0, 6), (6, 22), (22, 37)]):
+        want = score_blocks(q[:, lo:hi].mean(1), summaries, impl="reference")
+        assert_close(got[:, j], want, atol=1e-4, rtol=1e-5)
 
 
 def test_minmax_score_bounds_every_key_of_its_block():

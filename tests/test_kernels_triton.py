@@ -61,7 +61,8 @@ def test_summaries(kind):
                      block_summaries(k, B, kind, first_block=first_block, impl="reference"), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind,group_reduce,query_reduce", [("minmax", "sum", "max"), ("mean", "max", "sum")])
+@pytest.mark.parametrize("kind,group_reduce,query_reduce",
+                         [("minmax", "sum", "max"), ("mean", "max", "sum"), ("minmax", "sum", "pool")])
 def test_scores(kind, group_reduce, query_reduce):
     summaries = block_summaries(kv(100)[0], B, kind)
     q_decode, q_chunk = randn(HKV * 3, HEAD_DIM, seed=2), randn(HKV * 3, 20, HEAD_DIM, seed=3)

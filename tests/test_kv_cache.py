@@ -71,9 +71,12 @@ def test_exported_blocks_rebuild_the_same_cache():
 def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
     model = tiny_model()
     tokens = torch.randint(0, model.config.vocab_size, (90,))
-    in_memory = model(tokens, model.new_cache(), all_logits=True)
+    def in_two_chunks(cache):   # the same chunks both times: only the storage differs
+        return torch.cat([model(tokens[:50], cache, all_logits=True), model(tokens[50:], cache, all_logits=True)])
+
+    in_memory = in_two_chunks(model.new_cache())
     store = tmp_path / "kv"
     cache = model.new_cache(capacity=32, storage_dir=store)
-    on_disk = torch.cat([model(tokens[:50], cache, all_logits=True), model(tokens[50:], cache, all_logits=True)])
+    on_disk = in_two_chunks(cache)
     assert_close(on_disk, in_memory, atol=0, what="mapped storage")
     assert cache.capacity >= 90 and list(store.iterdir()) == []

@@ -56,7 +56,8 @@ def test_gguf_f32_matches_transformers(tmp_path):
     actual = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
     assert_close(actual, reference_logits(hf_llama(config, weights), ids), atol=1e-4, what="gguf f32")
     # the second load maps the converted copy and gives the same model
-    again = load_model(str(path), converted_root=tmp_path / "converted")
+    again = load_model(str(path), converted_root=tmp_path / "converted", fuse=False)
+    loaded = load_model(str(path), converted_root=tmp_path / "converted", fuse=False)
     assert again.digest == loaded.digest
     assert torch.equal(again.model.layers[1].self_attn.k_proj.weight, loaded.model.layers[1].self_attn.k_proj.weight)
 
@@ -67,7 +68,7 @@ def test_gguf_quantized_weights_dequantize_near_the_originals(tmp_path, qtype, t
     weights = random_llama_weights(config)
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, config, weights, qtype=qtype)
-    loaded = load_model(str(path), converted_root=None)
+    loaded = load_model(str(path), converted_root=None, fuse=False)
     for ours, theirs in [("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
                          ("layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight")]:
         got = dict(loaded.model.named_parameters())[ours]

@@ -29,6 +29,23 @@ def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens, bound
     assert_close(torch.cat(msa.logits), torch.cat(dense.logits), atol=1e-4, what="msa vs dense")
 
 
+@pytest.mark.parametrize("bounded_from", [0, 10**9], ids=["bounded", "true-positions"])
+def test_msa_selecting_every_block_equals_dense_in_bf16(bounded_from):
+    model = tiny_model(num_attention_heads=6, num_key_value_heads=2, hidden_size=96).to(torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (203,))
+    dense = model.new_cache(settings=AttentionSettings(mode="dense"))
+    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from))
+    assert dense.dtype == msa.dtype == torch.bfloat16
+    for cache in (dense, msa):
+        cache.logits = [model(tokens[s:s + 48], cache, all_logits=True) for s in range(0, 200, 48)]
+        cache.logits += [model(tokens[i:i + 1], cache, all_logits=True) for i in range(200, 203)]
+    got, want = torch.cat(msa.logits), torch.cat(dense.logits)
+    # bf16 keeps 8 bits of mantissa and the two paths round in other places: logits |x| <= ~2,
+    # observed max difference 0.012 (one or two bf16 steps); the bound is a few steps more
+    assert_close(got, want, atol=0.05, rtol=0.01, what="msa vs dense, bf16")
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+
+
 def test_sparse_msa_differs_from_dense_and_is_deterministic():
     model = tiny_model()
     tokens = torch.randint(0, model.config.vocab_size, (300,))
@@ -114,3 +131,19 @@ def test_past_the_trained_context_runs_with_bounded_positions():
     assert cache.settings.bounded_from == 128
     logits = torch.cat([model(tokens[s:s + 128], cache, all_logits=True) for s in range(0, 700, 128)])
     assert logits.shape == (700, model.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_rope_angles_stay_exact_far_past_the_table():
+    """cos/sin at any position equal a float64 computation of the angle (the table covers
+    positions below RotaryEmbedding.span; past it, the angle-sum rule combines two rows)."""
+    rope = RotaryEmbedding(64, 100000.0)
+    positions = torch.tensor([0, 7, rope.span - 1, rope.span, rope.span + 1, 123_457, 1_048_575, 3_000_001])
+    cos, sin = rope.cos_sin(positions)
+    angles = positions.double()[:, None] * rope.inv_freq[None]
+    angles = torch.cat([angles, angles], dim=-1)
+    assert_close(cos.double(), angles.cos(), atol=3e-7, what="cos")
+    assert_close(sin.double(), angles.sin(), atol=3e-7, what="sin")
+    assert rope._high[0].shape[0] < 400                     # rows for 3M positions: one per span
+    for start in (0, rope.span - 3, 5 * rope.span):       # the range the model asks for each chunk
+        got, want = rope.cos_sin_range(start, 6), rope.cos_sin(torch.arange(start, start + 6))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

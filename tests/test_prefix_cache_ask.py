@@ -15,6 +15,7 @@ from msa_cli.app import app
 from msa_cli.ask import AskSettings, open_prefix_cache, prefill_prompt
 from msa_cli.documents import Document
 from msa_cli.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
+from msa_cli.prefix_cache.keys import FORMAT_VERSION
 from msa_cli.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
@@ -179,7 +180,7 @@ def _rewrite_metadata(path: Path, **changes):
     (_flip_bytes, "is corrupted (checksum mismatch)"),
     (lambda p: _rewrite_metadata(p, identity="0" * 64),
      "was made under another identity (model, tokenizer, template, dtype or attention)"),
-    (lambda p: _rewrite_metadata(p, format="0"), "has format version 0, this msa reads 1"),
+    (lambda p: _rewrite_metadata(p, format="0"), f"has format version 0, this msa reads {FORMAT_VERSION}"),
 ])
 def test_a_damaged_block_is_dropped_recomputed_and_reported(run, embedded, prefilled, isolated_home, damage, reason):
     source, first = prefilled

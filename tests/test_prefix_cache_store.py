@@ -13,6 +13,7 @@ from msa_cli.prefix_cache import (
     BadBlock, BlockStore, CacheError, Chain, ChainIndex, block_keys, identity_hash, parse_size,
 )
 from msa_cli.prefix_cache.sizes import budget_from_env, format_size
+from msa_cli.prefix_cache.keys import FORMAT_VERSION
 
 ROOT = identity_hash({"model": "m", "attention": {"mode": "dense"}})
 
@@ -116,7 +117,7 @@ def _flip_last_byte(path: Path):
     (lambda p: p.write_bytes(b""), "is truncated or not a block file"),
     (_flip_last_byte, "is corrupted (checksum mismatch)"),
     (lambda p: _rewrite_metadata(p, identity="0" * 64), "was made under another identity"),
-    (lambda p: _rewrite_metadata(p, format="0"), "has format version 0, this msa reads 1"),
+    (lambda p: _rewrite_metadata(p, format="0"), f"has format version 0, this msa reads {FORMAT_VERSION}"),
     (lambda p: _rewrite_metadata(p, key="ef" * 32), "holds another block than its name says"),
     (lambda p: _rewrite_metadata(p, tokens="3"), "holds 3 tokens, not 4"),
 ])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Bump when the layout of a block file (its tensors or metadata) changes: old files are then
 # never looked up (the root key changes) and refused if met (their metadata says so).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def _sha256(text: str) -> str:

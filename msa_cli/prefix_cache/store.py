@@ -18,11 +18,11 @@ import contextlib
 import os
 import tempfile
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
+import xxhash
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
@@ -37,15 +37,16 @@ class BadBlock(Exception):
 
 
 def checksum(tensors: dict) -> str:
-    """CRC-32 over every tensor's name, dtype, shape and bytes, in name order."""
+    """XXH3-64 over every tensor's name, dtype, shape and bytes, in name order: restoring a long
+    document hashes gigabytes, and XXH3 does so several times faster than CRC-32."""
     import torch
 
-    crc = 0
+    h = xxhash.xxh3_64()
     for name in sorted(tensors):
         t = tensors[name].contiguous()
-        crc = zlib.crc32(f"{name}:{t.dtype}:{tuple(t.shape)};".encode(), crc)
-        crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
-    return f"crc32:{crc:08x}"
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return f"xxh3:{h.hexdigest()}"
 
 
 class BlockStore:

@@ -1,0 +1,70 @@
+"""Fused projections: q, k and v as one matmul, gate and up as another.
+
+A decode step multiplies one row by each weight matrix, so every matmul is a dispatch plus a
+read of its weights; fusing the projections that read the same input saves two dispatches in
+attention and one in the MLP, and lets the kernel stream one larger matrix.
+
+Modules that can run fused say so with a class attribute
+`fusable_projections = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}` and read
+`self.fused_sizes` (None while unfused) in their forward. Fusion concatenates output rows, so
+it is exact: each output channel keeps its own weights (and, quantized, its own scales).
+
+Two entry points, for the two places weights come from:
+- `fuse_projections(model)` on a built model whose projections are plain `nn.Linear`;
+- `fuse_state(model, state)` on a state dict by module names (floating or quantized tensors:
+  every tensor of a projection is laid out by output row), before `fuse_projections` builds
+  the fused modules on a skeleton.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# the tensors of one projection that are laid out by output row (floating or quantized)
+_ROW_TENSORS = ("weight", "scales", "mins")
+
+
+def _fusable(model: nn.Module):
+    """(module name, module, fused name, part names) for every fusable group in `model`."""
+    for name, module in model.named_modules():
+        for fused, parts in getattr(module, "fusable_projections", {}).items():
+            if getattr(module, "fused_sizes", None) is None and all(hasattr(module, p) for p in parts):
+                yield name, module, fused, parts
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Replace each fusable group of `nn.Linear` projections by one; returns the groups fused.
+
+    Groups holding anything else (already quantized modules) are left as they are.
+    """
+    count = 0
+    for _, module, fused, parts in list(_fusable(model)):
+        linears = [getattr(module, p) for p in parts]
+        if not all(type(m) is nn.Linear and m.bias is None for m in linears):
+            continue
+        first = linears[0].weight
+        out = sum(m.out_features for m in linears)
+        new = nn.Linear(linears[0].in_features, out, bias=False, device=first.device, dtype=first.dtype)
+        if first.device.type != "meta":
+            with torch.no_grad():
+                new.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)
+        for p in parts:
+            delattr(module, p)
+        setattr(module, fused, new)
+        module.fused_sizes = [m.out_features for m in linears]
+        count += 1
+    return count
+
+
+def fuse_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with each fusable group's tensors concatenated under the fused name (a new dict;
+    groups with a part missing from `state` stay unfused)."""
+    state = dict(state)
+    for name, _, fused, parts in _fusable(model):
+        prefix = f"{name}." if name else ""
+        for kind in _ROW_TENSORS:
+            keys = [f"{prefix}{p}.{kind}" for p in parts]
+            if all(k in state for k in keys):
+                state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(k) for k in keys])
+    return state

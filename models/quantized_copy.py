@@ -1,0 +1,86 @@
+"""Quantized copies of a model, as `msa quantize` writes them: one folder per copy.
+
+    <root>/<base>-<mode>/model.safetensors   quantized Linear weights (`.weight/.scales[/.mins]`,
+                                             see quantize.py) and every other tensor in fp32;
+                                             mode and group size in the file's metadata
+                        /tokenizer.json
+                        /meta.json           config, chat template, stop ids, base model, digest
+
+meta.json is written last, so a folder without it is an interrupted write: never listed or
+loaded, and replaced by the next `msa quantize`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .architectures import config_class
+from .checkpoint import Checkpoint
+from .errors import ModelError
+from .quantize import DEFAULT_GROUP_SIZE, load_quantized, save_quantized
+from .tokenizer import ChatTemplate, TextTokenizer
+
+FORMAT = 1
+
+
+def copy_name(base: str, mode: str) -> str:
+    return f"{base}-{mode}"
+
+
+def write_quantized_copy(root: Path, base_name: str, ckpt: Checkpoint, state: dict[str, torch.Tensor],
+                         mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+    """Write `state` (quantized and floating tensors by our names) with `ckpt`'s config and
+    tokenizer as `<root>/<base>-<mode>`, replacing an older copy only once the new one is whole."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / copy_name(base_name, mode)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        save_quantized(work / "model.safetensors", state, mode, group_size)
+        (work / "tokenizer.json").write_text(ckpt.tokenizer.tokenizer.to_str())
+        template = ckpt.tokenizer.template
+        digest = hashlib.sha256(f"{ckpt.digest}:{mode}:{group_size}".encode()).hexdigest()
+        meta = {"format": FORMAT, "name": final.name, "base": base_name, "source": ckpt.source,
+                "quantization": mode, "group_size": group_size, "digest": digest,
+                "config": ckpt.config.to_dict(), "chat_template": template.source,
+                "bos_token": template.bos_token, "eos_token": template.eos_token,
+                "eos_ids": list(ckpt.tokenizer.eos_ids)}
+        (work / "meta.json").write_text(json.dumps(meta))
+        old = None
+        if final.exists():
+            old = root / f".{final.name}.old.{os.getpid()}"
+            os.replace(final, old)
+        os.replace(work, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def load_quantized_copy(folder: Path) -> Checkpoint:
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
+        config = config_class(meta["config"]["architecture"]).from_dict(meta["config"])
+        state, mode, group_size = load_quantized(folder / "model.safetensors")
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as e:  # missing files, bad JSON, a damaged safetensors file (its own error type)
+        raise ModelError(f"{folder} is not a readable quantized copy ({e}); write it again with msa quantize") from None
+    template = ChatTemplate(meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"])
+    return Checkpoint(name=meta["name"], config=config, weights=state,
+                      tokenizer=TextTokenizer(tok, template, meta["eos_ids"]), digest=meta["digest"],
+                      source=str(folder), meta={"quantization": mode, "group_size": group_size,
+                                                "base": meta["base"]})

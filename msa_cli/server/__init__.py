@@ -1,0 +1,1 @@
+"""`msa serve`: an OpenAI-compatible HTTP server on the local engine (Starlette on uvicorn)."""

@@ -1,0 +1,58 @@
+"""Listening: the socket is bound first (so --port 0 works and a taken port is one clear error),
+then uvicorn serves the application on it."""
+
+from __future__ import annotations
+
+import socket
+
+import typer
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror})", param_hint="--host/--port") from None
+    sock.listen(128)
+    return sock
+
+
+def address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_app(loaded, attention, *, cache_dir: str | None, no_cache: bool, queue_size: int, api_key: str | None,
+             max_request_bytes: int, max_tokens: int):
+    """The application `msa serve` runs: `loaded` answers, with the prefix cache of `cache_dir`."""
+    from ..ask import AskSettings
+    from ..paths import cache_dir as resolve_cache_dir
+    from ..prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .api import create_app
+    from .engine import Engine
+
+    root = resolve_cache_dir(cache_dir)
+    prefix_cache = None if no_cache else CacheOptions(prefix_dir(root), max_bytes=budget_from_env())
+    settings = AskSettings(show_progress=False, show_notes=False, attention=attention, prefix_cache=prefix_cache,
+                           kv_spill_dir=root / "kv")
+    return create_app(Engine(loaded, settings, queue_size=queue_size), api_key=api_key,
+                      max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+
+
+def uvicorn_server(app):
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+
+
+def serve_until_stopped(app, sock: socket.socket) -> None:
+    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises the
+    signal again; Ctrl-C is how a server is meant to stop, so it ends the command without error."""
+    try:
+        uvicorn_server(app).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass

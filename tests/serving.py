@@ -1,0 +1,34 @@
+"""`msa serve`'s application on a free loopback port, in a thread of the test process, so tests
+talk to it over real HTTP while the embedded model stays loaded once."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from msa_models.attention_settings import AttentionSettings
+
+from msa_cli.server.run import address, listen, make_app, uvicorn_server
+
+
+@contextlib.contextmanager
+def serving(loaded, *, attention: AttentionSettings | None = None, api_key: str | None = None,
+            queue_size: int = 4, max_request_bytes: int = 1_000_000, max_tokens: int = 64):
+    """Yield the server's base URL (`http://127.0.0.1:PORT`); the prefix cache is the test's own."""
+    app = make_app(loaded, attention or AttentionSettings(), cache_dir=None, no_cache=False, queue_size=queue_size,
+                   api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+    sock = listen("127.0.0.1", 0)
+    server = uvicorn_server(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield address(sock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()

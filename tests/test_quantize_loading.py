@@ -1,0 +1,157 @@
+"""Quantized weights through the loaders and the CLI: GGUF Q4_1 blocks as int4, fused
+projections, `msa quantize` copies, --quant and --dtype. Tiny random GGUF models only."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import assert_close
+from msa_cli.app import app
+from msa_models import ModelConfig
+from msa_models.loading import load_model
+from msa_models.quantize import Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, quantize_int8
+from tiny_checkpoints import random_llama_weights, write_tiny_gguf
+
+gguf = pytest.importorskip("gguf")
+
+
+def tiny_config() -> ModelConfig:
+    # every input width a multiple of Q4_1's block of 32, every output of 16 (the int4 kernel's needs)
+    return ModelConfig(vocab_size=262, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
+                       max_position_embeddings=256, tie_word_embeddings=True)
+
+
+@pytest.fixture
+def q4_gguf(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, tiny_config(), random_llama_weights(tiny_config()), qtype="Q4_1")
+    return path
+
+
+def logits(loaded, ids=(5, 9, 40, 41, 42, 100, 7, 3)):
+    return loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
+
+
+def test_q4_1_blocks_become_int4_exactly():
+    from gguf.quants import dequantize, quantize
+
+    from msa_models.gguf_q4 import q4_1_blocks_to_int4
+
+    w = (np.random.default_rng(0).standard_normal((8, 128)) * 0.1).astype(np.float32)
+    qt = gguf.GGMLQuantizationType.Q4_1
+    blocks = quantize(w, qt)
+    packed, scale, low = q4_1_blocks_to_int4(blocks, 8, 128)
+    expected = dequantize(blocks, qt).reshape(8, 128)
+    got = dequantize_int4(torch.from_numpy(packed), torch.from_numpy(scale), torch.from_numpy(low))
+    assert torch.equal(got, torch.from_numpy(expected))
+
+
+def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
+    plain = load_model(str(q4_gguf), converted_root=None, fuse=False)      # Q4_1 dequantized to fp32
+    quant = load_model(str(q4_gguf), converted_root=None, quant="int4", fuse=False)
+    layer = quant.model.layers[1]
+    assert isinstance(layer.self_attn.q_proj, Int4Linear) and isinstance(layer.mlp.down_proj, Int4Linear)
+    assert isinstance(quant.model.lm_head, Int8Linear)                       # the head: int8
+    assert quant.digest != plain.digest                                      # the prefix cache tells them apart
+    # the reference: the dequantized model, with the head's int8 rounding of the embedding
+    reference = copy.deepcopy(plain.model)
+    embedding = plain.model.embed_tokens.weight.detach()
+    reference.lm_head = torch.nn.Linear(192, 262, bias=False)
+    reference.lm_head.weight = torch.nn.Parameter(dequantize_int8(*quantize_int8(embedding)))
+    expected = reference(torch.tensor([5, 9, 40, 41, 42, 100, 7, 3]), reference.new_cache(), all_logits=True)
+    # the kernels take bf16 activations: on logits up to ~5, a whole bf16 copy of the reference
+    # is off by ~0.09 and this by ~0.12; the most likely tokens stay the same
+    got = logits(quant)
+    assert_close(got, expected, atol=0.25, what="int4 from Q4_1 vs dequantized")
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("quant", [None, "int8", "int4"])
+def test_fused_projections_compute_what_separate_ones_do(q4_gguf, quant):
+    fused = load_model(str(q4_gguf), converted_root=None, quant=quant)
+    separate = load_model(str(q4_gguf), converted_root=None, quant=quant, fuse=False)
+    attention = fused.model.layers[0].self_attn
+    assert attention.fused_sizes == [192, 64, 64] and not hasattr(attention, "q_proj")
+    # the same weights by rows; a wider matmul may sum in another order
+    assert_close(logits(fused), logits(separate), atol=1e-4 if quant is None else 2e-2, what=f"fused {quant}")
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(app, [str(a) for a in args], input=input)
+
+    return invoke
+
+
+def test_quantize_writes_a_copy_that_loads_by_name(run, q4_gguf, tmp_path):
+    result = run("quantize", q4_gguf, "--to", "int4")
+    assert result.exit_code == 0, result.output
+    assert "tiny-int4" in result.stdout
+    listed = {row["name"]: row for row in json.loads(run("models", "--json").stdout)}
+    assert listed["tiny-int4"]["installed"] and listed["tiny-int4"]["size_bytes"] > 0
+
+    from msa_cli.paths import quantized_models_dir
+
+    copy_ = load_model("tiny-int4", quantized_root=quantized_models_dir())
+    on_load = load_model(str(q4_gguf), converted_root=None, quant="int4")
+    assert copy_.quantization == "int4" and isinstance(copy_.model.layers[0].mlp.down_proj, Int4Linear)
+    assert torch.equal(logits(copy_), logits(on_load))
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello hello world")
+    result = run("ask", doc, "hello?", "--model", "tiny-int4", "-n", "3", "--json", "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == "tiny-int4"
+
+
+@pytest.mark.parametrize("quant,dtype", [("int8", "fp32"), ("int4", "bf16"), (None, "bf16")])
+def test_ask_quantizes_on_load(run, q4_gguf, tmp_path, quant, dtype):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello hello world")
+    args = ["ask", doc, "hello?", "--model", q4_gguf, "-n", "3", "--json", "--no-cache", "--dtype", dtype]
+    result = run(*args, *(["--quant", quant] if quant else []))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["generated_tokens"] >= 1
+
+
+def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
+    assert run("quantize", q4_gguf, "--to", "int3").exit_code == 2
+    result = run("quantize", "no-such-model", "--to", "int8")
+    assert result.exit_code == 4 and result.stderr.startswith("msa: error: unknown model")
+    assert run("quantize", q4_gguf, "--to", "int8").exit_code == 0
+    result = run("quantize", "tiny-int8", "--to", "int4")                   # a copy is not quantized again
+    assert result.exit_code == 4 and "quantize its base model" in result.stderr
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello")
+    assert run("ask", doc, "q", "--model", q4_gguf, "--quant", "int2").exit_code == 2
+    assert run("ask", doc, "q", "--model", q4_gguf, "--dtype", "fp16").exit_code == 2
+    result = run("ask", doc, "q", "--model", "tiny-int8", "--quant", "int4")
+    assert result.exit_code == 4 and "already quantized to int8" in result.stderr
+
+    from msa_cli.paths import quantized_models_dir
+
+    (quantized_models_dir() / "tiny-int8" / "model.safetensors").write_bytes(b"not safetensors")
+    result = run("ask", doc, "q", "--model", "tiny-int8")
+    assert result.exit_code == 4
+    assert result.stderr.count("\n") == 1 and "not a readable quantized copy" in result.stderr
+
+
+def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
+    result = run("bench", "e2e", "--model", q4_gguf, "--length", "64,96", "--decode-tokens", "2",
+                 "--quant", "int4", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["length"] for r in rows] == [64, 96]
+    for r in rows:
+        assert r["weights"] == "int4" and r["threads"] >= 1 and r["model"] == "tiny"
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 0
