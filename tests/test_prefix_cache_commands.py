@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from msa_cli.app import app
 from msa_cli.prefix_cache import BlockStore, ChainIndex, format_size
+from msa_cli.prefix_cache.keys import FORMAT_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_cache_commands(run, tmp_path, isolated_home, monkeypatch):
         [r["id"], f"{r['tokens']}", *format_size(r["bytes"]).split(), r["source"]] for r in rows]
 
     assert ok(run("cache", "info")).splitlines() == [
-        f"directory  {root}", "format     1", "budget     10.0 GB (MSA_CACHE_MAX)",
+        f"directory  {root}", f"format     {FORMAT_VERSION}", "budget     10.0 GB (MSA_CACHE_MAX)",
         f"size       {format_size(index.disk_bytes())}", "documents  2", "blocks     4 (1 shared by several documents)"]
     monkeypatch.setenv("MSA_CACHE_MAX", "500M")
     assert ok(run("cache", "info", "--cache-dir", tmp_path / "other")).splitlines()[:6:2] == [
