@@ -121,7 +121,14 @@ def test_duration_reads_like_a_person_would_say_it():
         ["1 s", "4 s", "1 min", "1 min 20 s", "59 min 59 s", "1 h 0 min", "2 h 5 min"]
 
 
-def test_show_completion_prints_a_bash_script_for_msa():
+# Typer guesses the shell from the parent processes (shellingham) unless told not to; then the
+# completion options take the shell as their value. Told not to, the tests do not depend on
+# what started pytest (a shell, `timeout`, CI's runner).
+NO_SHELL_DETECTION = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+
+
+def test_show_completion_prints_a_bash_script_for_msa(monkeypatch):
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     result = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="msa")
     assert result.exit_code == 0
     assert "complete -o default -F _msa_completion msa" in result.stdout
@@ -134,7 +141,8 @@ def test_installed_bash_completion_completes_commands_and_options(tmp_path):
     msa = Path(sys.executable).parent / "msa"
     if not msa.exists():
         pytest.skip("the msa script is not installed next to this Python")
-    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{msa.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, **NO_SHELL_DETECTION, "HOME": str(tmp_path),
+           "PATH": f"{msa.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     install = subprocess.run([str(msa), "--install-completion", "bash"], env=env, capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
     script = tmp_path / ".bash_completions" / "msa.sh"
