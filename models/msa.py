@@ -27,6 +27,8 @@ from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
 
 
+# How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
+# "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
 PREFILL_QUERY_REDUCE = "pool"
 
 
@@ -91,17 +93,18 @@ def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rop
     k_sel, v_sel, key_pos = gather_selected_tokens(keys[:, :end], values[:, :end], idx, block_size)  # [Hkv, nq, K*B, .]
     window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(min=0)  # [nq]
     k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
-    # Queries laid out by query block: chunk row t sits at slot t + q_start % B of its block.
-    offset = q_start % block_size
-    padded = q.new_zeros((hq, nq * block_size, d), dtype=torch.float32)
+    # Queries laid out by query block, `rows` per block: chunk row t sits at slot t + offset. A
+    # chunk inside one block (decode, a short question) needs no padding.
+    rows, offset = (block_size, q_start % block_size) if nq > 1 else (tq, 0)
+    padded = q.new_zeros((hq, nq * rows, d), dtype=torch.float32)
     padded[:, offset:offset + tq] = q.float()
-    qg = padded.view(hkv, group, nq, block_size, d).transpose(1, 2).reshape(hkv, nq, group * block_size, d)
+    qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv, nq, group * rows, d)
     # Padding rows get the block's last position, so every row reads at least one key.
-    q_pos = (first_qblock * block_size + torch.arange(nq * block_size)).clamp(q_start, end - 1)
-    q_pos = q_pos.view(nq, 1, block_size).expand(nq, group, block_size).reshape(1, nq, group * block_size, 1)
-    allowed = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= q_pos)          # [Hkv, nq, G*B, K*B]
-    o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=d ** -0.5)  # [Hkv, nq, G*B, D]
-    o = o.view(hkv, nq, group, block_size, d).transpose(1, 2).reshape(hq, nq * block_size, d)
+    q_pos = (q_start - offset + torch.arange(nq * rows)).clamp(q_start, end - 1)
+    q_pos = q_pos.view(nq, 1, rows).expand(nq, group, rows).reshape(1, nq, group * rows, 1)
+    allowed = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= q_pos)          # [Hkv, nq, G*rows, K*B]
+    o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=d ** -0.5)  # [Hkv, nq, G*rows, D]
+    o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
     return o[:, offset:offset + tq].to(q.dtype)
 
 

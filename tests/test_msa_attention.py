@@ -104,7 +104,7 @@ def _repositioned_reference(q_pre, k_pre, v, idx, q_start, block_size, local_blo
     return out
 
 
-@pytest.mark.parametrize("q_start,tq", [(300, 1), (250, 70), (333, 29)])
+@pytest.mark.parametrize("q_start,tq", [(300, 1), (305, 9), (250, 70), (333, 29)])
 def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     torch.manual_seed(1)
     hq, hkv, d, block = 6, 2, 16, 16
