@@ -172,15 +172,9 @@ def ask(
         return
     from .ask import AskSettings, answer_figures, stream_answer
     from .paths import cache_dir as resolve_cache_dir
-    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-    from .runtime import load, set_threads
 
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                      max_bytes=budget_from_env(), read_only=cache_ro)
-    n_threads = set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
-    if verbose:
-        _note(_model_line(loaded, load_s, n_threads, attention_settings))
+    loaded, load_s, prefix_cache = _local_engine(model, cache_dir, threads, quant, dtype, no_cache, cache_ro,
+                                                 verbose, attention_settings)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
                            show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
@@ -198,6 +192,23 @@ def ask(
         write_stdout("\n")
         if sources:
             write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in answer.sources or []))
+
+
+def _local_engine(model, cache_dir, threads, quant, dtype, no_cache: bool, cache_ro: bool, verbose: bool,
+                  attention_settings):
+    """What ask and chat need to answer on this machine: the loaded model, its load time and the
+    prefix cache's options (None with --no-cache)."""
+    from .paths import cache_dir as resolve_cache_dir
+    from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from .runtime import load, set_threads
+
+    prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
+                                                      max_bytes=budget_from_env(), read_only=cache_ro)
+    n_threads = set_threads(threads)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
+    if verbose:
+        _note(_model_line(loaded, load_s, n_threads, attention_settings))
+    return loaded, load_s, prefix_cache
 
 
 def _check_verbosity(quiet: bool, verbose: bool) -> None:
@@ -289,15 +300,9 @@ def chat(
         from .ask import AskSettings
         from .chat import ChatSession
         from .paths import cache_dir as resolve_cache_dir
-        from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-        from .runtime import load, set_threads
 
-        prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
-                                                          max_bytes=budget_from_env(), read_only=cache_ro)
-        n_threads = set_threads(threads)
-        loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
-        if verbose:
-            _note(_model_line(loaded, load_s, n_threads, attention_settings))
+        loaded, _, prefix_cache = _local_engine(model, cache_dir, threads, quant, dtype, no_cache, cache_ro,
+                                                verbose, attention_settings)
         settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
                                attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",
