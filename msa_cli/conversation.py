@@ -104,22 +104,27 @@ def command(session: Conversation, line: str) -> str | None:
     return f"unknown command {name} (try /help)"
 
 
+def take_line(session: Conversation, line: str) -> bool:
+    """Run a /command or answer a question, on stdout; False when the line ends the chat."""
+    if line.startswith("/"):
+        reply = command(session, line)
+        if reply is None:
+            return False
+        write_stdout(reply + "\n")
+        return True
+    for piece in session.ask(line):
+        write_stdout(piece)
+    write_stdout("\n")
+    session.after_answer()
+    return True
+
+
 def run_scripted(session: Conversation, lines) -> None:
     """stdin is not a terminal: one question (or /command) per line, plain answers on stdout."""
     for raw in lines:
         line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("/"):
-            reply = command(session, line)
-            if reply is None:
-                return
-            write_stdout(reply + "\n")
-            continue
-        for piece in session.ask(line):
-            write_stdout(piece)
-        write_stdout("\n")
-        session.after_answer()
+        if line and not take_line(session, line):
+            return
 
 
 def run_repl(session: Conversation, history_file: Path, *, terminal_input=None, terminal_output=None) -> None:
@@ -140,17 +145,9 @@ def run_repl(session: Conversation, history_file: Path, *, terminal_input=None, 
             return
         if not line:
             continue
-        if line.startswith("/"):
-            reply = command(session, line)
-            if reply is None:
-                return
-            print(reply)
-            continue
         try:
-            for piece in session.ask(line):
-                write_stdout(piece)
-            write_stdout("\n")
-            session.after_answer()
+            if not take_line(session, line):
+                return
         except KeyboardInterrupt:
             write_stdout("\n")
             print("(stopped)", file=sys.stderr)
