@@ -152,7 +152,10 @@ def score_segments_cpu(q, summaries, kind, group_reduce, query_reduce, bounds) -
     """Batched matmuls over all heads, queries and blocks.
 
     The Quest bound splits by the sign of q_d: max(q_d m_d, q_d M_d) is q_d M_d where
-    q_d >= 0 and q_d m_d where q_d < 0, so it is two matmuls: relu(q) . M + min(q, 0) . m.
+    q_d >= 0 and q_d m_d where q_d < 0, so it is relu(q) . M + min(q, 0) . m. Both query
+    halves go through ONE matmul against the summaries as they lie ([n * 2, D], min and max
+    rows interleaved): slicing out M and m first would copy them, and at a million tokens
+    the copies cost more than the products.
     """
     n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_blocks = summaries.shape[:2]
@@ -160,7 +163,10 @@ def score_segments_cpu(q, summaries, kind, group_reduce, query_reduce, bounds) -
     qf = q.float().reshape(n_kv_heads, group * n_queries, head_dim)  # [Hkv, G*Tq, D]
     if kind == "minmax":
         q_pos = qf.clamp(min=0)
-        scores = q_pos @ summaries[:, :, 1].mT + (qf - q_pos) @ summaries[:, :, 0].mT  # [Hkv, G*Tq, n]
+        halves = torch.cat([qf - q_pos, q_pos], dim=1)                                   # [Hkv, 2*G*Tq, D]
+        rows = summaries.float().reshape(n_kv_heads, n_blocks * 2, head_dim)              # (block, min|max)
+        both = (halves @ rows.mT).view(n_kv_heads, 2, group * n_queries, n_blocks, 2)
+        scores = both[:, 0, :, :, 0] + both[:, 1, :, :, 1]                                # [Hkv, G*Tq, n]
     else:
         scores = qf @ summaries[:, :, 0].mT  # [Hkv, G*Tq, n]
     scores = _reduce(scores.view(n_kv_heads, group, n_queries, n_blocks), group_reduce, 1)  # [Hkv, Tq, n]

@@ -150,27 +150,29 @@ def select_rows_reference(scores: torch.Tensor, rows: list, topk: int, width: in
 
 
 def select_rows_cpu(scores: torch.Tensor, rows: list, topk: int, width: int) -> torch.Tensor:
-    """All rows at once: rank candidates with stable sorts, keep a mask, compact it."""
+    """All rows at once in O(N) per row (no sort): the k-th best candidate score from
+    torch.topk, every candidate above it, then ties at it by ascending index; the kept
+    blocks are compacted in index order with a cumulative sum."""
     device = scores.device
+    n_rows = len(rows)
     sink_end, local_start, last_block = (torch.tensor(col, device=device)[:, None] for col in zip(*rows))  # [R, 1]
     n_total = max(row[2] for row in rows) + 1  # blocks 0 .. the last block of any row
     i_blk = torch.arange(n_total, device=device)  # [N]
-    padded = torch.full((len(rows), n_total), float("-inf"), device=device)
-    n_used = min(n_total, scores.shape[1])
-    padded[:, :n_used] = scores[:, :n_used]  # [R, N]
     is_candidate = (i_blk >= sink_end) & (i_blk < local_start)  # [R, N]
-
-    # Order: candidates first, then by score descending, then by index ascending (stable).
-    order = torch.sort(padded, dim=1, descending=True, stable=True).indices  # [R, N]
-    by_kind = torch.sort(is_candidate.gather(1, order).to(torch.uint8), dim=1, descending=True, stable=True).indices
-    order = order.gather(1, by_kind)  # [R, N]
-    rank = torch.empty_like(order).scatter_(1, order, i_blk.expand_as(order))  # [R, N]
-
-    keep = (i_blk < sink_end) | ((i_blk >= local_start) & (i_blk <= last_block)) | (is_candidate & (rank < topk))
-    # Kept blocks sort before the others by their own index; the rest become padding.
-    compact = torch.where(keep, i_blk, n_total + i_blk).sort(dim=1).values  # [R, N]
-    compact = torch.where(compact < n_total, compact, -1).to(torch.int32)
-    out = torch.full((len(rows), width), -1, dtype=torch.int32, device=device)
-    n_copy = min(width, n_total)
-    out[:, :n_copy] = compact[:, :n_copy]
-    return out
+    keep = (i_blk < sink_end) | ((i_blk >= local_start) & (i_blk <= last_block))  # [R, N]
+    n_scored = min(n_total, scores.shape[1])
+    if topk > 0 and n_scored > 0:
+        candidate = torch.full((n_rows, n_total), float("-inf"), device=device)
+        candidate[:, :n_scored] = scores[:, :n_scored]
+        candidate = candidate.masked_fill(~is_candidate, float("-inf"))
+        kth = candidate.topk(min(topk, n_total), dim=1).values[:, -1:]  # [R, 1]
+        above = is_candidate & (candidate > kth)
+        ties = is_candidate & (candidate == kth)
+        room = topk - above.sum(dim=1, keepdim=True)  # ties fill what is left, lowest index first
+        keep |= above | (ties & (ties.cumsum(dim=1) <= room))
+    # slot of each kept block = number of kept blocks before it; the rest go to a spare column
+    slot = torch.where(keep, keep.cumsum(dim=1) - 1, width)
+    out = torch.full((n_rows, width + 1), -1, dtype=torch.int32, device=device)
+    out.scatter_(1, slot, i_blk.to(torch.int32).expand(n_rows, -1))
+    out[:, width] = -1
+    return out[:, :width].contiguous()
