@@ -10,7 +10,7 @@ each as a fresh process against an empty cache directory, and reports each ask's
 process start to the first answer token), prefill and cached tokens, and the cache's bytes on
 disk per cached token.
 
-    python benchmarks/prefix_cache.py --tokens 100000 --json bench-results/prefix-cache.json
+    python benchmarks/prefix_cache.py --tokens 100000 [--kv-dtype int8] --json bench-results/prefix-cache.json
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=100_000, help="about how long the document is")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kv-dtype", default="auto", help="msa ask's --kv-dtype: auto or int8")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     extra = ["--threads", str(args.threads)] if args.threads else []
+    extra += ["--kv-dtype", args.kv_dtype]
     with tempfile.TemporaryDirectory() as tmp:
         doc = Path(tmp) / "stdlib.txt"
         doc.write_text(stdlib_document(args.tokens), encoding="utf-8")
@@ -71,7 +73,7 @@ def main():
             for name, r in (("first", first), ("second", second))]
     summary = {"document_tokens": second["cached_tokens"], "ttft_ratio": round(first["ttft_s"] / second["ttft_s"], 1),
                "disk_bytes_per_token": round(prefix_bytes / max(second["cached_tokens"], 1)), "rows": rows,
-               "cpu_threads": args.threads or os.cpu_count()}
+               "cpu_threads": args.threads or os.cpu_count(), "kv_dtype": args.kv_dtype}
     print(f"{'ask':<8}{'prompt':>9}{'cached':>9}{'prefill':>9}{'ttft_s':>9}")
     for r in rows:
         print(f"{r['ask']:<8}{r['prompt_tokens']:>9,}{r['cached_tokens']:>9,}{r['prefill_tokens']:>9,}{r['ttft_s']:>9.2f}")

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 
 MODES = ("auto", "dense", "msa")
+KV_DTYPES = ("auto", "int8")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class AttentionSettings:
     `(sink + topk + local) * B` however long the input. Measured on the embedded model (pass
     key, README): bounded distances answer better than true ones even inside its trained
     context, so the default is 0 (always); None means the model's trained context.
+
+    `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
+    row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
+    stores in a quarter of the bytes.
     """
 
     mode: str = "auto"
@@ -31,10 +36,13 @@ class AttentionSettings:
     sink_blocks: int = 1
     dense_tokens: int = 1024
     bounded_from: int | None = 0
+    kv_dtype: str = "auto"
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"attention mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"K/V dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block size must be at least 1")
         if self.topk < 1 or self.local_blocks < 1 or self.sink_blocks < 0:
@@ -49,7 +57,7 @@ class AttentionSettings:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
         if self.mode == "dense":
-            return {"mode": "dense", "block_size": self.block_size}
+            return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}
         if self.mode == "msa":
             d.pop("dense_tokens")
         return d

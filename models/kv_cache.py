@@ -15,11 +15,14 @@ Keys and values live in memory, or, for inputs larger than memory, in files mapp
 crash): the OS then pages in only the blocks a step touches.
 
 The cache also carries the `AttentionSettings` its keys and values were computed under:
-they change K/V (from the second layer on), so they are part of what identifies a cache.
+they change K/V (from the second layer on), so they are part of what identifies a cache. With
+`settings.kv_dtype == "int8"` every written row is rounded to an int8 grid (kv_int8.py) and its
+scale kept beside it, so that exported blocks hold int8 codes that import back bit for bit.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +32,7 @@ import torch
 from msa_kernels import block_summaries
 
 from .attention_settings import AttentionSettings
+from .kv_int8 import dequantize_rows, requantize_rows, round_rows
 
 
 class KVCache:
@@ -42,22 +46,34 @@ class KVCache:
         self.storage_dir = storage_dir
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
+        self.int8 = self.settings.kv_dtype == "int8"
         self.k = [self._new_store(cap) for _ in range(n_layers)]
         self.v = [self._new_store(cap) for _ in range(n_layers)]
+        # int8 K/V: the scale of each row, [Hkv, capacity] per layer
+        self.k_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
+        self.v_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
         self.summaries = [torch.zeros(n_kv_heads, cap // block_size, 2, head_dim) for _ in range(n_layers)]
         self.n_summarized = [0] * n_layers
 
-    def _new_store(self, capacity: int) -> torch.Tensor:
-        """Zeroed [Hkv, capacity, D] storage, in memory or in an unlinked mapped file."""
-        shape = (self.n_kv_heads, capacity, self.head_dim)
+    def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
+        """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in
+        an unlinked mapped file."""
+        shape = (self.n_kv_heads, capacity) if scales else (self.n_kv_heads, capacity, self.head_dim)
+        dtype = torch.float32 if scales else self.dtype
         if self.storage_dir is None:
-            return torch.zeros(shape, dtype=self.dtype)
+            return torch.zeros(shape, dtype=dtype)
         Path(self.storage_dir).mkdir(parents=True, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="kv-", dir=self.storage_dir)
         try:
-            numel = shape[0] * shape[1] * shape[2]
-            os.ftruncate(fd, numel * self.dtype.itemsize)        # sparse: no disk used until written
-            return torch.from_file(path, shared=True, size=numel, dtype=self.dtype).view(shape)
+            numel = shape[0] * shape[1] * (1 if scales else shape[2])
+            os.ftruncate(fd, numel * dtype.itemsize)             # sparse: no disk used until written
+            mapped = mmap.mmap(fd, numel * dtype.itemsize)
+            # A step reads a few scattered blocks: without this hint each page fault also reads the
+            # pages around it, and once the K/V outgrow the page cache (a 1M-token input) that
+            # read-around multiplied the disk reads many times over.
+            if hasattr(mapped, "madvise"):
+                mapped.madvise(mmap.MADV_RANDOM)
+            return torch.frombuffer(mapped, dtype=dtype).view(shape)
         finally:
             os.close(fd)
             os.unlink(path)
@@ -79,9 +95,9 @@ class KVCache:
         if n_tokens <= self.capacity:
             return
         cap = self._round_up(max(n_tokens, self.capacity * 3 // 2))
-        for store in (self.k, self.v):
+        for store in (self.k, self.v, self.k_scale, self.v_scale):
             for i, t in enumerate(store):
-                grown = self._new_store(cap)
+                grown = self._new_store(cap, scales=t.dim() == 2)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
         for i, s in enumerate(self.summaries):
@@ -95,6 +111,9 @@ class KVCache:
         end = self.length + t
         if end > self.capacity:
             self.reserve(end)
+        if self.int8:
+            k, self.k_scale[layer][:, self.length:end] = round_rows(k)
+            v, self.v_scale[layer][:, self.length:end] = round_rows(v)
         self.k[layer][:, self.length:end] = k
         self.v[layer][:, self.length:end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]
@@ -130,15 +149,23 @@ class KVCache:
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
-        and for a full block its key summaries [L, Hkv, 2, D]."""
+        for a full block its key summaries [L, Hkv, 2, D], and with int8 K/V k and v as int8
+        codes with their scales k_scale, v_scale [L, Hkv, n]."""
         start = index * self.block_size
         end = min(start + self.block_size, self.length)
         if start >= end:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")
-        block = {
-            "k": torch.stack([k[:, start:end] for k in self.k]),
-            "v": torch.stack([v[:, start:end] for v in self.v]),
-        }
+        if self.int8:
+            block = {}
+            for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
+                block[f"{name}_scale"] = torch.stack([s[:, start:end] for s in scales])
+                block[name] = torch.stack([requantize_rows(x[:, start:end], s[:, start:end])
+                                           for x, s in zip(rows, scales)])
+        else:
+            block = {
+                "k": torch.stack([k[:, start:end] for k in self.k]),
+                "v": torch.stack([v[:, start:end] for v in self.v]),
+            }
         if end - start == self.block_size:
             block["summaries"] = torch.stack([self.block_summaries(i, end)[:, index] for i in range(self.n_layers)])
         return block
@@ -152,12 +179,22 @@ class KVCache:
         expected = (self.n_layers, self.n_kv_heads, k.shape[2], self.head_dim)
         if tuple(k.shape) != expected or tuple(v.shape) != expected or k.shape[2] > self.block_size:
             raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
+        if self.int8 != (k.dtype == torch.int8):
+            raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V")
         n = k.shape[2]
+        if self.int8:
+            k_scale, v_scale = block["k_scale"], block["v_scale"]
+            if tuple(k_scale.shape) != expected[:3] or tuple(v_scale.shape) != expected[:3]:
+                raise ValueError(f"scales of shape {tuple(k_scale.shape)} do not fit this cache {expected[:3]}")
+            k, v = dequantize_rows(k, k_scale, self.dtype), dequantize_rows(v, v_scale, self.dtype)
         self.reserve(start + n)
         summaries = block.get("summaries")
         for layer in range(self.n_layers):
             self.k[layer][:, start:start + n] = k[layer]
             self.v[layer][:, start:start + n] = v[layer]
+            if self.int8:
+                self.k_scale[layer][:, start:start + n] = k_scale[layer]
+                self.v_scale[layer][:, start:start + n] = v_scale[layer]
             if summaries is not None and n == self.block_size and self.n_summarized[layer] == index:
                 self.summaries[layer][:, index] = summaries[layer]
                 self.n_summarized[layer] = index + 1

@@ -80,3 +80,45 @@ def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
     on_disk = in_two_chunks(cache)
     assert_close(on_disk, in_memory, atol=0, what="mapped storage")
     assert cache.capacity >= 90 and list(store.iterdir()) == []
+
+
+def test_int8_rows_are_rounded_within_half_a_step():
+    from msa_models.kv_int8 import quantize_rows, requantize_rows, round_rows
+
+    x = torch.randn(3, 50, 64) * torch.linspace(0.01, 10, 50)[None, :, None]
+    x[1, 7] = 0                                                   # an all-zero row
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    for h, t in [(0, 0), (2, 49), (1, 7)]:                        # the definition, one row at a time
+        step = float(x[h, t].abs().max()) / 127
+        assert float(scale[h, t]) == pytest.approx(step, rel=1e-6)
+    rounded, _ = round_rows(x)
+    assert torch.all((rounded - x).abs() <= scale[..., None] / 2 * (1 + 1e-5) + 1e-30)
+    assert torch.equal(rounded[1, 7], torch.zeros(64))
+    for dtype in (torch.float32, torch.bfloat16):                 # codes come back exactly from the rounded rows
+        r, s = round_rows(x.to(dtype))
+        assert torch.equal(requantize_rows(r, s), quantize_rows(x.to(dtype))[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
+    from msa_models.attention_settings import AttentionSettings
+
+    model = tiny_model().to(dtype)
+    tokens = torch.randint(0, model.config.vocab_size, (40,))
+    int8 = AttentionSettings(mode="dense", kv_dtype="int8")
+    cache = model.new_cache(settings=int8)
+    logits_int8 = model(tokens, cache, all_logits=True).float()
+    logits_full = model(tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True).float()
+    # rounding K/V to int8 changes the logits a little, not the model
+    assert (logits_int8 - logits_full).abs().max() < 0.02 * logits_full.abs().max()
+    assert not torch.equal(logits_int8, logits_full)
+    blocks = [cache.export_block(b) for b in range(3)]
+    assert blocks[0]["k"].dtype == torch.int8 and blocks[2]["v_scale"].shape == (2, 2, 8)
+    rebuilt = model.new_cache(settings=int8)
+    for b, block in enumerate(blocks):
+        rebuilt.import_block(b, block)
+    nxt = torch.tensor([5])
+    assert torch.equal(model(nxt, rebuilt), model(nxt, cache))
+    with pytest.raises(ValueError, match="does not fit"):            # int8 blocks never enter a full-precision cache
+        model.new_cache(settings=AttentionSettings(mode="dense")).import_block(0, blocks[0])

@@ -17,6 +17,7 @@ from msa_cli.documents import Document
 from msa_cli.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
 from msa_cli.prefix_cache.keys import FORMAT_VERSION
 from msa_cli.prompt import build_prompt
+from msa_models.attention_settings import AttentionSettings
 
 pytestmark = pytest.mark.slow
 
@@ -215,6 +216,35 @@ def test_notes_are_quiet_and_read_only_changes_nothing(run, embedded, prefilled,
     assert stored.store.exists(stored.keys[3].key) and manifest.read_bytes() == stamp
     result = run("ask", source, QUESTION, "-n", "4", "--quiet")
     assert result.stdout == expected_answer and result.stderr == ""
+
+
+
+def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_from_it(run, embedded, prefilled, isolated_home):
+    source, first = prefilled
+    root = prefix_root(isolated_home)
+    full_bytes = ChainIndex(BlockStore(root)).disk_bytes()
+    reference = ask_json(run, source, QUESTION, "--kv-dtype", "int8", "--no-cache")
+    cold = ask_json(run, source, QUESTION, "--kv-dtype", "int8")
+    assert cold["cached_tokens"] == 0                    # the full-precision chain is another identity
+    assert cold["answer"] == reference["answer"]
+    warm = ask_json(run, source, QUESTION, "--kv-dtype", "int8")
+    assert warm["cached_tokens"] == 207 and warm["answer"] == reference["answer"]
+    chains = ChainIndex(BlockStore(root)).all()
+    assert len(chains) == 2
+    int8_bytes = ChainIndex(BlockStore(root)).disk_bytes() - full_bytes
+    assert int8_bytes < 0.3 * full_bytes                 # int8 codes + a scale per row, vs fp32 rows
+    # logits from the restored int8 blocks equal those of a cold int8 prefill, bit for bit
+    settings = AskSettings(prefix_cache=CacheOptions(root), attention=AttentionSettings(kv_dtype="int8"))
+    text = source.read_text()
+
+    def logits(cached: bool):
+        prompt = build_prompt(embedded.tokenizer, text, QUESTION)
+        cache = embedded.model.new_cache(capacity=len(prompt.ids), settings=settings.attention)
+        stored = open_prefix_cache(embedded, cache, prompt, Document(str(source), text), settings) if cached else None
+        assert (stored.restore(cache) if stored else 0) == (207 if cached else 0)
+        return prefill_prompt(embedded.model, cache, prompt, stored)
+
+    assert torch.equal(logits(cached=True), logits(cached=False))
 
 
 # ---- budget ----------------------------------------------------------------------------------
