@@ -1,8 +1,10 @@
 """`msa eval passkey`: find a 5-digit key hidden at a chosen depth of filler text.
 
 The classic long-context retrieval check (Landmark attention, LongLoRA): a key sentence is
-planted at a depth of repetitive filler; the model is asked for the key, with its answer
-started as "The pass key is" so that only the digits are left to produce.
+planted at a depth of repetitive filler and the model is asked for the key. The question asks
+for the number only: the embedded instruct model then answers "The pass key is 81874." where,
+with its answer started as "The pass key is" (the papers' base-model form), it went on with
+"a musical instrument ..." even at 512 tokens (0 of 5 depths, against 5 of 5).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from .sampling import Sampler
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
          "Find it and memorize it.\n")
 FILLER = "The river runs east. The hills are quiet. A bird sings at dawn. The road goes on and on. "
-QUESTION = "What is the pass key?"
-ANSWER_START = "The pass key is"
+QUESTION = "What is the pass key? Answer with the number only."
+ANSWER_TOKENS = 16      # "The pass key is 81874." and some room
 
 
 def passkey_document(tokenizer, n_tokens: int, depth: float, key: int) -> str:
@@ -51,10 +53,11 @@ def run_passkey(loaded, lengths: list[int], n_depths: int, attentions: list, *, 
             for i, depth in enumerate(depths(n_depths)):
                 key = random.Random(length * 1000 + i).randint(10000, 99999)
                 prompt = build_prompt(tok, passkey_document(tok, length, depth, key), QUESTION)
-                cache = loaded.model.new_cache(capacity=len(prompt.ids) + 16, settings=settings)
+                cache = loaded.model.new_cache(capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings)
                 prefill(loaded.model, cache, prompt.ids[:prompt.context_length])
-                logits = prefill(loaded.model, cache, prompt.tail + tok.encode(ANSWER_START))
-                answer = tok.decode(list(Generation(loaded.model, cache, logits, Sampler(0.0), 8, tok.eos_ids)))
+                logits = prefill(loaded.model, cache, prompt.tail)
+                answer = tok.decode(list(Generation(loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS,
+                                                    tok.eos_ids)))
                 results.append({"depth": round(depth, 3), "key": key, "answer": answer.strip(),
                                 "found": str(key) in answer})
                 if on_result:
