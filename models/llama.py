@@ -12,7 +12,7 @@ from .config import ModelConfig
 from .attention_settings import AttentionSettings
 from .kv_cache import KVCache
 from .dense_fast import dense_attention_4d
-from .layers import RMSNorm, RotaryEmbedding, apply_rope
+from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
 from .msa import attend
 
 
@@ -108,7 +108,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(self.block_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
