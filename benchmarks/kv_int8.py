@@ -17,27 +17,14 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from msa_cli.evals import run_passkey
 from msa_cli.runtime import load
 from msa_models.attention_settings import AttentionSettings
 
-from quantization import stdlib_text
+from quantization import perplexity, stdlib_text
 
 KV_DTYPES = ["auto", "int8"]
-
-
-def perplexity(model, ids: torch.Tensor, settings: AttentionSettings, chunk: int = 512) -> float:
-    cache = model.new_cache(capacity=len(ids), settings=settings)
-    nll, n = 0.0, 0
-    for start in range(0, len(ids) - 1, chunk):
-        piece = ids[start:start + chunk]
-        logits = model(piece, cache, all_logits=True)
-        target = ids[start + 1:start + 1 + len(piece)]
-        nll += F.cross_entropy(logits[: len(target)], target, reduction="sum").item()
-        n += len(target)
-    return float(torch.exp(torch.tensor(nll / n)))
 
 
 def block_bytes_per_token(model, ids: torch.Tensor, settings: AttentionSettings) -> float:
@@ -63,7 +50,7 @@ def main() -> None:
     answers = {row["attention"]: [r["answer"] for r in row["results"]] for row in passkey}
     rows = []
     for (name, s), pk in zip(settings.items(), passkey):
-        rows.append({"kv_dtype": name, "perplexity": round(perplexity(loaded.model, ids, s), 3),
+        rows.append({"kv_dtype": name, "perplexity": round(perplexity(loaded.model, ids, settings=s), 3),
                      "passkey_correct": pk["correct"], "passkey_total": pk["total"],
                      "same_answers": sum(a == b for a, b in zip(answers[name], answers["auto"])),
                      "bytes_per_token": round(block_bytes_per_token(loaded.model, ids, s))})

@@ -53,8 +53,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def perplexity(model, ids: torch.Tensor, chunk: int = 512) -> float:
-    cache = model.new_cache(settings=AttentionSettings(mode="dense"))
+def perplexity(model, ids: torch.Tensor, chunk: int = 512, settings: AttentionSettings | None = None) -> float:
+    """Perplexity of `ids` read in chunks, under `settings` (default: dense attention)."""
+    cache = model.new_cache(capacity=len(ids), settings=settings or AttentionSettings(mode="dense"))
     nll, n = 0.0, 0
     for start in range(0, len(ids) - 1, chunk):
         piece = ids[start:start + chunk]
