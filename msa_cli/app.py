@@ -54,7 +54,7 @@ LocalBlocksOption = typer.Option(1, "--local-blocks", min=1, help="Most recent b
 KvDtypeOption = typer.Option(
     "auto", "--kv-dtype", envvar="MSA_KV_DTYPE", show_envvar=True,
     help="auto: keys and values in the compute dtype; int8: rounded to int8 (one scale per token and head), "
-         "so the prefix cache takes about a quarter of the disk and restores faster.")
+         "so the prefix cache takes about a quarter of the disk.")
 QuietOption = typer.Option(False, "--quiet", "-q", envvar="MSA_QUIET", show_envvar=True,
                            help="Nothing on stderr but errors: no progress, notes or warnings.")
 VerboseOption = typer.Option(False, "--verbose", "-v", envvar="MSA_VERBOSE", show_envvar=True,
