@@ -61,15 +61,23 @@ def dense_attention_reference(
 
 
 def dense_attention_sdpa(q: torch.Tensor, q_start: int, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [Hq, Tq, D]; returns [Hq, Tq, D] in q's dtype."""
+    """q: [Hq, Tq, D]; returns [Hq, Tq, D] in q's dtype. No checks: the model's dense path
+    calls it directly once per layer.
+
+    Called with 4-D tensors: PyTorch's CPU scaled_dot_product_attention takes its fused (flash)
+    kernel only for 4-D inputs and the unfused math path for 3-D ones. Measured on 2 threads
+    (one layer of the embedded model, 9 query and 3 KV heads of 64): decode at 512 tokens 51 us
+    against 243 us, at 2K 0.7 ms against 2.6 ms; a 64-query chunk at 512 tokens 2.3 ms against
+    15.6 ms.
+    """
     n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_tokens, _ = k.shape
     group = n_q_heads // n_kv_heads
-    folded = q.reshape(n_kv_heads, group * n_queries, head_dim)  # [Hkv, G*Tq, D], rows (g, t)
+    folded = q.reshape(1, n_kv_heads, group * n_queries, head_dim)  # [1, Hkv, G*Tq, D], rows (g, t)
     if q_start + n_queries == n_tokens and n_queries == 1:
         mask = None  # decode: the query sees every key
     else:
         positions = q_start + torch.arange(n_queries, device=q.device)
         mask = causal_mask(positions, n_tokens).repeat(group, 1)  # [G*Tq, T]
-    o = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)  # [Hkv, G*Tq, D]
+    o = F.scaled_dot_product_attention(folded, k[None], v[None], attn_mask=mask, scale=scale)  # [1, Hkv, G*Tq, D]
     return o.view(n_q_heads, n_queries, head_dim)

@@ -8,19 +8,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from msa_kernels.dense import dense_attention_sdpa
+
 from .config import ModelConfig
 from .attention_settings import AttentionSettings
 from .kv_cache import KVCache
-from .dense_fast import dense_attention_4d
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
 from .msa import attend
 
 
 def _attend(q, keys, values, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
     """Attention over the cache: queries that are all dense, with nobody observing them, take
-    the 4-D fast path; everything else (MSA, source tracking) goes through `msa.attend`."""
+    the dense kernel directly (no argument checks per layer); everything else (MSA, source tracking) goes through `msa.attend`."""
     if q_start + q.shape[1] <= cache.settings.sparse_from and not hasattr(cache, "observe_queries"):
-        return dense_attention_4d(q, keys, values, q_start)
+        return dense_attention_sdpa(q, q_start, keys, values, q.shape[-1] ** -0.5)
     return attend(q, keys, values, cache, layer, q_start, rope)
 
 
