@@ -14,6 +14,13 @@ Keys and values live in memory, or, for inputs larger than memory, in files mapp
 `storage_dir` (unlinked as soon as they are mapped, so nothing is left behind even after a
 crash): the OS then pages in only the blocks a step touches.
 
+Restored blocks (the disk prefix cache's, `import_block`) are not copied in at once: the cache
+keeps the block's tensors, typically mapped from its file, and copies a block of a layer in the
+first time something reads it. A sparse question over a long cached document then reads only
+the blocks it selects. Readers ask for what they read: `write(..., selective=True)` returns K/V
+whose restored blocks may still be absent, and its caller loads them with `load_tokens` and
+`load_blocks` before reading; a plain `write` loads the whole layer first.
+
 The cache also carries the `AttentionSettings` its keys and values were computed under:
 they change K/V (from the second layer on), so they are part of what identifies a cache. With
 `settings.kv_dtype == "int8"` every written row is rounded to an int8 grid (kv_int8.py) and its
@@ -35,6 +42,12 @@ from .attention_settings import AttentionSettings
 from .kv_int8 import dequantize_rows, requantize_rows, round_rows
 
 
+# Restored blocks held unread at most: each is typically one file mapping, and a process may
+# hold only so many (Linux: vm.max_map_count, 65,530 by default). Past this, blocks are copied in
+# as they are restored. 16,384 blocks of 64 tokens is a 1M-token document.
+MAX_UNREAD_BLOCKS = 16_384
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, block_size: int = 64,
                  dtype: torch.dtype = torch.float32, capacity: int = 0,
@@ -52,8 +65,11 @@ class KVCache:
         # int8 K/V: the scale of each row, [Hkv, capacity] per layer
         self.k_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
         self.v_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
-        self.summaries = [torch.zeros(n_kv_heads, cap // block_size, 2, head_dim) for _ in range(n_layers)]
+        self._summary_store = torch.zeros(n_layers, n_kv_heads, cap // block_size, 2, head_dim)
+        self.summaries = list(self._summary_store.unbind(0))      # per layer [Hkv, n_blocks, 2, D]
         self.n_summarized = [0] * n_layers
+        self._restored: dict[int, dict[str, torch.Tensor]] = {}   # block index -> its imported tensors
+        self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: restored, not copied in yet
 
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
         """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in
@@ -104,13 +120,19 @@ class KVCache:
                 grown = self._new_store(cap, scales=t.dim() == 2)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
-        for i, s in enumerate(self.summaries):
-            grown = torch.zeros(self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
-            grown[:, : self.n_summarized[i]] = s[:, : self.n_summarized[i]]
-            self.summaries[i] = grown
+        grown = torch.zeros(self.n_layers, self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
+        grown[:, :, : max(self.n_summarized)] = self._summary_store[:, :, : max(self.n_summarized)]
+        self._summary_store = grown
+        self.summaries = list(grown.unbind(0))
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D]."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
+              selective: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D].
+
+        With `selective`, restored blocks not read yet stay absent (zeros) in what is returned:
+        the caller loads what it reads (`load_tokens`, `load_blocks`)."""
+        if not selective:
+            self.load_tokens(layer, 0, self.length)
         t = k.shape[1]
         end = self.length + t
         if end > self.capacity:
@@ -128,6 +150,7 @@ class KVCache:
         n_full = n_tokens // self.block_size
         done = self.n_summarized[layer]
         if n_full > done:
+            self.load_tokens(layer, done * self.block_size, n_full * self.block_size)
             keys = self.k[layer][:, : n_full * self.block_size]
             self.summaries[layer][:, done:n_full] = block_summaries(keys, self.block_size, "minmax", first_block=done)
             self.n_summarized[layer] = n_full
@@ -140,6 +163,13 @@ class KVCache:
         """Forget every token from position `n` on (for example, a chat's turns after its documents)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
+        if n % self.block_size:                         # a restored block cut in two keeps its head
+            for layer in range(self.n_layers):
+                self.load_tokens(layer, n - n % self.block_size, n)
+        cut = -(-n // self.block_size)
+        for index in [i for i in self._restored if i >= cut]:
+            del self._restored[index]
+        self._absent[:, cut:] = False
         self.length = n
         self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
 
@@ -149,6 +179,7 @@ class KVCache:
         if start >= self.length:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")
         end = min(start + self.block_size, self.length)
+        self.load_tokens(layer, start, end)
         return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
@@ -159,6 +190,8 @@ class KVCache:
         end = min(start + self.block_size, self.length)
         if start >= end:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")
+        for layer in range(self.n_layers):
+            self.load_tokens(layer, start, end)
         if self.int8:
             block = {}
             for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
@@ -175,7 +208,10 @@ class KVCache:
         return block
 
     def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
-        """Put a block made by `export_block` back at `index`; it must continue the cached tokens."""
+        """Put a block made by `export_block` back at `index`; it must continue the cached tokens.
+
+        Its summaries are copied in now; its keys and values when first read (the tensors are
+        kept until then: mapped from a file, they cost no memory until read)."""
         start = index * self.block_size
         if start != self.length:
             raise ValueError(f"block {index} starts at token {start}, but {self.length} tokens are cached")
@@ -185,24 +221,75 @@ class KVCache:
             raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
         if self.int8 != (k.dtype == torch.int8):
             raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V")
-        n = k.shape[2]
+        if not self.int8 and k.dtype != self.dtype:
+            raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.dtype} K/V")
         if self.int8:
-            k_scale, v_scale = block["k_scale"], block["v_scale"]
-            if tuple(k_scale.shape) != expected[:3] or tuple(v_scale.shape) != expected[:3]:
-                raise ValueError(f"scales of shape {tuple(k_scale.shape)} do not fit this cache {expected[:3]}")
-            k, v = dequantize_rows(k, k_scale, self.dtype), dequantize_rows(v, v_scale, self.dtype)
+            for name in ("k_scale", "v_scale"):
+                if tuple(block[name].shape) != expected[:3]:
+                    raise ValueError(f"scales of shape {tuple(block[name].shape)} do not fit this cache {expected[:3]}")
+        n = k.shape[2]
         self.reserve(start + n)
         summaries = block.get("summaries")
-        for layer in range(self.n_layers):
-            self.k[layer][:, start:start + n] = k[layer]
-            self.v[layer][:, start:start + n] = v[layer]
-            if self.int8:
-                self.k_scale[layer][:, start:start + n] = k_scale[layer]
-                self.v_scale[layer][:, start:start + n] = v_scale[layer]
-            if summaries is not None and n == self.block_size and self.n_summarized[layer] == index:
-                self.summaries[layer][:, index] = summaries[layer]
-                self.n_summarized[layer] = index + 1
+        if summaries is not None and n == self.block_size:
+            if all(done == index for done in self.n_summarized):
+                self._summary_store[:, :, index] = summaries       # every layer at once
+                self.n_summarized = [index + 1] * self.n_layers
+            else:
+                for layer in range(self.n_layers):
+                    if self.n_summarized[layer] == index:
+                        self.summaries[layer][:, index] = summaries[layer]
+                        self.n_summarized[layer] = index + 1
+        if self._absent.shape[1] <= index:
+            grown = torch.zeros(self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool)
+            grown[:, : self._absent.shape[1]] = self._absent
+            self._absent = grown
+        self._restored[index] = block
+        self._absent[:, index] = True
         self.length += n
+        if len(self._restored) > MAX_UNREAD_BLOCKS:
+            for layer in range(self.n_layers):
+                self._load(layer, [index])
+
+    @property
+    def unread_blocks(self) -> int:
+        """(layer, block) pairs restored by `import_block` and not copied in yet."""
+        return int(self._absent.sum())
+
+    def load_tokens(self, layer: int, start: int, end: int) -> None:
+        """Copy in the restored blocks of `layer` that overlap tokens [start, end) and are absent."""
+        if not self._restored or end <= start:
+            return
+        lo, hi = start // self.block_size, -(-end // self.block_size)
+        absent = self._absent[layer, lo:hi].nonzero().flatten()
+        if len(absent):
+            self._load(layer, (absent + lo).tolist())
+
+    def load_blocks(self, layer: int, block_idx: torch.Tensor) -> None:
+        """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none) that are absent."""
+        if not self._restored:
+            return
+        ids = block_idx.unique()
+        ids = ids[(ids >= 0) & (ids < self._absent.shape[1])]
+        ids = ids[self._absent[layer, ids]]
+        if len(ids):
+            self._load(layer, ids.tolist())
+
+    def _load(self, layer: int, indices: list[int]) -> None:
+        for index in indices:
+            block = self._restored[index]
+            start = index * self.block_size
+            end = start + block["k"].shape[2]
+            if self.int8:
+                for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
+                    scale = block[f"{name}_scale"][layer]
+                    rows[layer][:, start:end] = dequantize_rows(block[name][layer], scale, self.dtype)
+                    scales[layer][:, start:end] = scale
+            else:
+                self.k[layer][:, start:end] = block["k"][layer]
+                self.v[layer][:, start:end] = block["v"][layer]
+            self._absent[layer, index] = False
+            if not self._absent[:, index].any():
+                del self._restored[index]     # every layer has it: let go of the tensors (or mapping)
 
     def nbytes(self) -> int:
         per_token = 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k[0].element_size()

@@ -21,6 +21,7 @@ def _attend(q, keys, values, cache: KVCache, layer: int, q_start: int, rope: Rot
     """Attention over the cache: queries that are all dense, with nobody observing them, take
     the dense kernel directly (no argument checks per layer); everything else (MSA, source tracking) goes through `msa.attend`."""
     if q_start + q.shape[1] <= cache.settings.sparse_from and not hasattr(cache, "observe_queries"):
+        cache.load_tokens(layer, 0, q_start)
         return dense_attention_sdpa(q, q_start, keys, values, q.shape[-1] ** -0.5)
     return attend(q, keys, values, cache, layer, q_start, rope)
 
@@ -60,7 +61,7 @@ class Attention(nn.Module):
             v = v.view(t, self.n_kv_heads, d).transpose(0, 1)
             q, k = self.qk_norm(q, k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = cache.write(layer, k, v)                            # [Hkv, q_start+T, D]
+        keys, values = cache.write(layer, k, v, selective=True)            # [Hkv, q_start+T, D]
         out = _attend(q, keys, values, cache, layer, q_start, rope)         # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 

@@ -34,7 +34,9 @@ PREFILL_QUERY_REDUCE = "pool"
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
            q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
-    """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D]. Returns [Hq, Tq, D]."""
+    """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D], of which the
+    cache's restored blocks are loaded here as they are read (`KVCache.write(selective=True)`).
+    Returns [Hq, Tq, D]."""
     observe = getattr(cache, "observe_queries", None)    # msa_cli's sources: which blocks these queries read
     if observe is not None:
         observe(layer, q, q_start)
@@ -44,16 +46,22 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
     parts = []
     if n_dense:
         end = q_start + n_dense
+        cache.load_tokens(layer, 0, end)
         parts.append(dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start))
     if n_dense < tq:
         start = q_start + n_dense
         summaries = cache.block_summaries(layer, keys.shape[1])
         n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))   # queries at true positions
         if n_true:
-            parts.append(_sparse(q[:, n_dense:n_dense + n_true], start, keys, values, summaries, s, cache.block_size))
+            q_true = q[:, n_dense:n_dense + n_true]
+            idx = _select(q_true, start, summaries, s, cache.block_size)
+            cache.load_blocks(layer, idx)
+            parts.append(_sparse(q_true, start, keys, values, idx, cache.block_size))
         if n_dense + n_true < tq:
-            parts.append(_sparse_repositioned(q[:, n_dense + n_true:], start + n_true, keys, values, summaries, s,
-                                              cache.block_size, rope))
+            q_moved = q[:, n_dense + n_true:]
+            idx = _select(q_moved, start + n_true, summaries, s, cache.block_size)
+            cache.load_blocks(layer, idx)
+            parts.append(_sparse_repositioned(q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -72,20 +80,18 @@ def _select(q, q_start, summaries, s, block_size):
                                local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
 
 
-def _sparse(q, q_start, keys, values, summaries, s, block_size):
-    """MSA at true positions."""
+def _sparse(q, q_start, keys, values, idx, block_size):
+    """MSA at true positions over the blocks idx [Hkv, n_qblocks, K]."""
     end = q_start + q.shape[1]
-    idx = _select(q, q_start, summaries, s, block_size)
     if q.shape[1] == 1:
         return sparse_decode_attention(q[:, 0], keys[:, :end], values[:, :end], idx[:, 0], block_size)[:, None]
     return sparse_prefill_attention(q, q_start, keys[:, :end], values[:, :end], idx, block_size)
 
 
-def _sparse_repositioned(q, q_start, keys, values, summaries, s, block_size, rope):
+def _sparse_repositioned(q, q_start, keys, values, idx, s, block_size, rope):
     """MSA with far blocks re-rotated to a bounded distance, all query blocks of the chunk in
-    one batched attention call: query block j reads its own selection idx[:, j]."""
+    one batched attention call: query block j reads its own selection idx[:, j] ([Hkv, nq, K])."""
     end = q_start + q.shape[1]
-    idx = _select(q, q_start, summaries, s, block_size)                                # [Hkv, nq, K]
     hq, tq, d = q.shape
     hkv, nq, _ = idx.shape
     group = hq // hkv

@@ -77,6 +77,7 @@ class SourceTracker:
         hi = min(self.until + 1 - q_start, q.shape[1])
         if lo >= hi:
             return
+        self.cache.load_tokens(layer, 0, q_start + hi)
         keys = self.cache.k[layer]
         hkv, d = keys.shape[0], q.shape[-1]
         pad = self.n_blocks * self.block_size - self.doc_end

@@ -122,3 +122,70 @@ def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
     assert torch.equal(model(nxt, rebuilt), model(nxt, cache))
     with pytest.raises(ValueError, match="does not fit"):            # int8 blocks never enter a full-precision cache
         model.new_cache(settings=AttentionSettings(mode="dense")).import_block(0, blocks[0])
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_restored_blocks_are_copied_in_only_when_attention_reads_them(kv_dtype):
+    from msa_models.attention_settings import AttentionSettings
+
+    model = tiny_model()
+    msa = AttentionSettings(mode="msa", topk=2, local_blocks=1, sink_blocks=1, kv_dtype=kv_dtype)
+    tokens = torch.randint(0, model.config.vocab_size, (16 * 20 + 5,))
+    cache = model.new_cache(settings=msa)
+    model(tokens, cache)
+    n_blocks = -(-cache.length // cache.block_size)
+    restored = model.new_cache(settings=msa)
+    for b in range(n_blocks):
+        restored.import_block(b, cache.export_block(b))
+    assert restored.unread_blocks == model.config.num_hidden_layers * n_blocks
+    question = torch.tensor([5, 9, 2])
+    # the same logits as the cache that computed the blocks, bit for bit ...
+    assert torch.equal(model(question, restored, all_logits=True), model(question, cache, all_logits=True))
+    # ... having read only what the question's queries selected: the partial last block (their
+    # local window), sink, and top-k of 21 blocks, per layer
+    loaded = model.config.num_hidden_layers * n_blocks - restored.unread_blocks
+    assert 0 < loaded <= model.config.num_hidden_layers * model.config.num_key_value_heads * (2 + 1 + 1)
+    for step in (7, 3):                                   # decode steps go on reading only what they select
+        assert torch.equal(model(torch.tensor([step]), restored), model(torch.tensor([step]), cache))
+    assert restored.unread_blocks > 0
+    # exporting, reading a block, and a plain write see every restored row
+    for b in range(n_blocks):
+        for name, t in cache.export_block(b).items():
+            assert torch.equal(restored.export_block(b)[name], t), (b, name)
+    assert restored.unread_blocks == 0
+
+
+def test_a_plain_write_and_a_cut_through_a_restored_block_see_its_rows():
+    from msa_models.attention_settings import AttentionSettings
+
+    model = tiny_model()
+    msa = AttentionSettings(mode="msa", topk=2)
+    cache = model.new_cache(settings=msa)
+    model(torch.randint(0, model.config.vocab_size, (100,)), cache)
+    restored = model.new_cache(settings=msa)
+    for b in range(7):                                    # 6 full blocks and 4 tokens
+        restored.import_block(b, cache.export_block(b))
+    head_dim, hkv = model.config.head_dim, model.config.num_key_value_heads
+    new = torch.randn(hkv, 1, head_dim)
+    keys, values = restored.write(0, new, new)            # a reader that reads every row
+    assert torch.equal(keys[:, :100], cache.k[0][:, :100]) and torch.equal(values[:, :100], cache.v[0][:, :100])
+    restored.truncate(40)                                 # cuts block 2 in two: its head stays
+    cache.truncate(40)
+    assert restored.unread_blocks == 2 * (model.config.num_hidden_layers - 1)   # blocks 0 and 1 past layer 0
+    nxt = torch.tensor([3, 4])
+    assert torch.equal(model(nxt, restored, all_logits=True), model(nxt, cache, all_logits=True))
+
+
+def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch):
+    from msa_models import kv_cache
+
+    monkeypatch.setattr(kv_cache, "MAX_UNREAD_BLOCKS", 2)
+    model = tiny_model()
+    cache = model.new_cache()
+    model(torch.randint(0, model.config.vocab_size, (70,)), cache)
+    restored = model.new_cache()
+    for b in range(5):
+        restored.import_block(b, cache.export_block(b))
+    assert restored.unread_blocks == 2 * model.config.num_hidden_layers       # blocks 0 and 1
+    for layer in range(model.config.num_hidden_layers):
+        assert torch.equal(restored.k[layer][:, 32:70], cache.k[layer][:, 32:70])

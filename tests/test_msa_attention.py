@@ -118,8 +118,8 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     from msa_kernels import block_summaries
 
     summaries = block_summaries(keys, block, "minmax")
-    got = _sparse_repositioned(q, q_start, keys, v, summaries, settings, block, rope)
     idx = _select(q, q_start, summaries, settings, block)
+    got = _sparse_repositioned(q, q_start, keys, v, idx, settings, block, rope)
     expected = _repositioned_reference(q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope)
     assert_close(got, expected, atol=1e-4, what="repositioned")
 
