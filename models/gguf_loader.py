@@ -7,7 +7,6 @@ later loads map that copy instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,11 +16,13 @@ import numpy as np
 import torch
 
 from .checkpoint import Checkpoint
+from .digests import file_digest
 from .config import ModelConfig
 from .errors import ModelError
 from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
 
 CONVERTED_FORMAT = 1
+DIGESTS_FOLDER = "digests"     # under the converted models' folder: remembered file digests (digests.py)
 
 # GGUF tensor names -> ours (per-layer names have N for the layer index).
 _LAYER_NAMES = {
@@ -41,14 +42,6 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _SUPPORTED_ARCHS = {"llama"}
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _field(reader, key, default=None):
@@ -190,7 +183,7 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
-    digest = file_digest(path)
+    digest = file_digest(path, None if converted_root is None else Path(converted_root) / DIGESTS_FOLDER)
     tmp = None
     if converted_root is None:
         tmp = tempfile.TemporaryDirectory(prefix="msa-model-")

@@ -11,7 +11,7 @@ from .architectures import ARCHITECTURES, config_class
 from .checkpoint import Checkpoint
 from .errors import ModelError
 from .fp8 import dequantize_fp8
-from .gguf_loader import file_digest
+from .digests import file_digest
 from .tokenizer import ChatTemplate, TextTokenizer
 
 # Checkpoint key -> ours, per model_type: regex substitutions applied in order.
@@ -83,7 +83,7 @@ def _chat_template(folder: Path, tok_config: dict) -> str:
     return template
 
 
-def load_hf_dir(folder: Path, *, name: str | None = None) -> Checkpoint:
+def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | None = None) -> Checkpoint:
     from tokenizers import Tokenizer
 
     folder = Path(folder)
@@ -105,7 +105,7 @@ def load_hf_dir(folder: Path, *, name: str | None = None) -> Checkpoint:
         raise ModelError(f"{folder} has no tokenizer.json")
     digest = hashlib.sha256()
     for f in files:
-        digest.update(file_digest(f).encode())
+        digest.update(file_digest(f, digest_memo).encode())
     weights, skipped = _read_weights(files, model_type, config, block)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok_config = _read_json(folder / "tokenizer_config.json")

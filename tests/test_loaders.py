@@ -110,3 +110,28 @@ def test_hf_directory_matches_transformers(tmp_path, embedded):
 def test_unknown_model_name(tmp_path):
     with pytest.raises(ModelError, match="unknown model 'no-such-model'"):
         load_model("no-such-model")
+
+
+def test_remembered_file_digests_follow_every_change_of_the_file(tmp_path, monkeypatch):
+    import hashlib
+    import os
+    import time
+
+    from msa_models import digests
+    from msa_models.digests import file_digest
+
+    f, memo = tmp_path / "weights.bin", tmp_path / "digests"
+    f.write_bytes(b"a" * 1000)
+    file_digest(f, memo)
+    assert not memo.exists()                          # just written: not remembered yet
+    monkeypatch.setattr(digests, "SETTLED_NS", 0)
+    assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest() == file_digest(f)
+    assert len(list(memo.iterdir())) == 1
+    assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest()      # from the memo
+    before = f.stat()
+    time.sleep(0.05)                                  # past the file clock's tick
+    f.write_bytes(b"b" * 1000)                        # same size, mtime set back: the change time still moves
+    os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert file_digest(f, memo) == hashlib.sha256(b"b" * 1000).hexdigest()
+    next(memo.iterdir()).write_text("{not json")      # a damaged memo is ignored and rewritten
+    assert file_digest(f, memo) == hashlib.sha256(b"b" * 1000).hexdigest()

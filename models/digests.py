@@ -1,0 +1,59 @@
+"""SHA-256 digests of model files, remembered between loads.
+
+A model's identity (and the prefix cache's keys) hang on its files' digests, but hashing a
+multi-gigabyte checkpoint on every start costs seconds. A digest is remembered beside the
+converted models, keyed by the file's path, size, inode and modification and change times:
+any rewrite of the file changes its change time, which no tool can set back. File times tick
+coarsely (a few milliseconds), so a file changed in the last seconds is not remembered: a second
+change within the same tick would go unseen (git calls such entries "racily clean").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+SETTLED_NS = 2_000_000_000     # a file changed this recently is hashed, not remembered
+
+
+def file_digest(path: Path, memo_dir: Path | None = None) -> str:
+    """Hex SHA-256 of the file at `path`, read from `memo_dir` when the file is unchanged."""
+    path = Path(path)
+    if memo_dir is None:
+        return _sha256(path)
+    stat = path.stat()
+    stamp = {"path": str(path.resolve()), "size": stat.st_size, "ino": stat.st_ino,
+             "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    memo = Path(memo_dir) / f"{hashlib.sha256(stamp['path'].encode()).hexdigest()[:32]}.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):    # no memo, or a damaged one
+        known = json.loads(memo.read_text())
+        if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    digest = _sha256(path)
+    if time.time_ns() - stat.st_ctime_ns < SETTLED_NS:
+        return digest
+    with contextlib.suppress(OSError):        # a read-only cache only means hashing again next time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".digest-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({**stamp, "sha256": digest}, f)
+            os.replace(tmp, memo)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    return digest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
