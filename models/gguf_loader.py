@@ -178,8 +178,6 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
     """
     import tempfile
 
-    from tokenizers import Tokenizer
-
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
@@ -203,13 +201,14 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
             meta = json.loads(meta_path.read_text())
         config = ModelConfig.from_dict(meta["config"])
         weights = _read_weights(path, out / "model.safetensors", config, q4_1_as_int4)
-        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-        vocab = tok.get_vocab(with_added_tokens=True)
+        template = ChatTemplate(meta["chat_template"])
+        tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
+        vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
         inv = {i: t for t, i in vocab.items()}
-        template = ChatTemplate(meta["chat_template"], bos_token=inv.get(config.bos_token_id, ""),
-                                eos_token=inv.get(meta["eos_ids"][0], ""))
+        template.bos_token = inv.get(config.bos_token_id, "")
+        template.eos_token = inv.get(meta["eos_ids"][0], "")
         return Checkpoint(name=name or meta["name"], config=config, weights=weights,
-                          tokenizer=TextTokenizer(tok, template, meta["eos_ids"]),
+                          tokenizer=tokenizer,
                           digest=digest, source=str(path))
     finally:
         if tmp is not None:

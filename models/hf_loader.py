@@ -84,8 +84,6 @@ def _chat_template(folder: Path, tok_config: dict) -> str:
 
 
 def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | None = None) -> Checkpoint:
-    from tokenizers import Tokenizer
-
     folder = Path(folder)
     raw = _read_json(folder / "config.json")
     model_type = raw.get("model_type")
@@ -107,7 +105,6 @@ def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | No
     for f in files:
         digest.update(file_digest(f, digest_memo).encode())
     weights, skipped = _read_weights(files, model_type, config, block)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok_config = _read_json(folder / "tokenizer_config.json")
     gen_config = _read_json(folder / "generation_config.json")
     eos = gen_config.get("eos_token_id", config.eos_token_id)
@@ -122,5 +119,5 @@ def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | No
                             bos_token=token_text(tok_config.get("bos_token")),
                             eos_token=token_text(tok_config.get("eos_token")))
     return Checkpoint(name=name or folder.name, config=config, weights=weights,
-                      tokenizer=TextTokenizer(tok, template, eos_ids),
+                      tokenizer=TextTokenizer.from_file(folder / "tokenizer.json", template, eos_ids),
                       digest=digest.hexdigest(), source=str(folder), meta={"skipped": skipped})

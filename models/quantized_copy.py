@@ -67,8 +67,6 @@ def write_quantized_copy(root: Path, base_name: str, ckpt: Checkpoint, state: di
 
 
 def load_quantized_copy(folder: Path) -> Checkpoint:
-    from tokenizers import Tokenizer
-
     folder = Path(folder)
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -76,11 +74,10 @@ def load_quantized_copy(folder: Path) -> Checkpoint:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
         config = config_class(meta["config"]["architecture"]).from_dict(meta["config"])
         state, mode, group_size = load_quantized(folder / "model.safetensors")
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        template = ChatTemplate(meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"])
+        tokenizer = TextTokenizer.from_file(folder / "tokenizer.json", template, meta["eos_ids"])
     except Exception as e:  # missing files, bad JSON, a damaged safetensors file (its own error type)
         raise ModelError(f"{folder} is not a readable quantized copy ({e}); write it again with msa quantize") from None
-    template = ChatTemplate(meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"])
-    return Checkpoint(name=meta["name"], config=config, weights=state,
-                      tokenizer=TextTokenizer(tok, template, meta["eos_ids"]), digest=meta["digest"],
+    return Checkpoint(name=meta["name"], config=config, weights=state, tokenizer=tokenizer, digest=meta["digest"],
                       source=str(folder), meta={"quantization": mode, "group_size": group_size,
                                                 "base": meta["base"]})

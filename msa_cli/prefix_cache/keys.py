@@ -30,7 +30,7 @@ def identity(loaded, *, dtype, block_size: int, attention: dict) -> dict:
     return {
         "format": FORMAT_VERSION,
         "model": loaded.digest,
-        "tokenizer": _sha256(tokenizer.to_json()),
+        "tokenizer": tokenizer.digest,
         "chat_template": _sha256(tokenizer.template.source),
         "dtype": str(dtype).removeprefix("torch."),
         "block_size": block_size,
