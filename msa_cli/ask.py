@@ -17,6 +17,7 @@ from .documents import Document
 from .generate import Generation, Timings, prefill
 from .output import reading_progress
 from .prefix_cache import CacheOptions, PrefixCache, identity
+from .prefix_cache.tokens import TokenMemo
 from .prompt import Prompt, build_prompt
 from .read_speed import duration, known_speed, record_speed, speed_key
 from .runtime import kv_storage_dir
@@ -78,7 +79,8 @@ class Answer:
 def stream_answer(loaded, document: Document | Context, question: str,
                   settings: AskSettings) -> tuple[Answer, Iterator[str]]:
     """Prefill the prompt and return the answer record and an iterator of text pieces."""
-    prompt = build_prompt(loaded.tokenizer, document.text, question, system=settings.system)
+    prompt = build_prompt(loaded.tokenizer, document.text, question, system=settings.system,
+                          token_memo=token_memo(loaded, settings))
     return stream_prompt(loaded, prompt, document, settings)
 
 
@@ -176,6 +178,14 @@ def answer_figures(timings: Timings, *, prompt_tokens: int | None = None, cached
 def attention_identity(cache) -> dict:
     """The attention settings that change K/V, as a plain dict for the prefix cache's keys."""
     return {**cache.settings.identity(), "block_size": cache.block_size}
+
+
+def token_memo(loaded, settings: AskSettings) -> TokenMemo | None:
+    """The prefix cache's memory of long documents' token ids (None with --no-cache)."""
+    options = settings.prefix_cache
+    if options is None:
+        return None
+    return TokenMemo(options.root, loaded.tokenizer.digest, read_only=options.read_only)
 
 
 def open_prefix_cache(loaded, cache, prompt: Prompt, document: Document,

@@ -118,6 +118,6 @@ def clear(cache_dir: Optional[str] = CacheDirOption):
     index = _index(cache_dir)
     with index.store.lock():
         freed = index.disk_bytes()
-        for folder in (index.store.blocks_dir, index.dir):
+        for folder in (index.store.blocks_dir, index.dir, index.store.root / "tokens"):
             shutil.rmtree(folder, ignore_errors=True)
     print(f"cleared {index.store.root}, freed {format_size(freed)}")

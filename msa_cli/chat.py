@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from msa_models.errors import InputTooLongError
 
-from .ask import AskSettings, answer_figures, open_prefix_cache, read_speed_key, reading_summary
+from .ask import AskSettings, answer_figures, open_prefix_cache, read_speed_key, reading_summary, token_memo
 from .context import Context
 from .conversation import Conversation, Turn
 from .generate import Generation, Timings, prefill
@@ -30,7 +30,8 @@ class ChatSession(Conversation):
         super().__init__(context)
         self.loaded, self.settings = loaded, settings
         tok = loaded.tokenizer
-        self.prompt = build_prompt(tok, context.text, "", system=settings.system)   # head + documents
+        self.prompt = build_prompt(tok, context.text, "", system=settings.system,       # head + documents
+                                   token_memo=token_memo(loaded, settings))
         self.context_length = self.prompt.context_length
         self.limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
         if self.limit is not None and self.context_length >= self.limit:

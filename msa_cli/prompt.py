@@ -6,10 +6,15 @@ depend on the question: that is what lets a prefix cache reuse them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from msa_models.errors import InputError, ModelError
 from msa_models.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from .prefix_cache.tokens import TokenMemo
 
 _DOCUMENT_SLOT = "\u2063msa-document\u2063"
 _ANSWER_SLOT = "\u2063msa-answer\u2063"
@@ -27,7 +32,7 @@ class Prompt:
     document: list[int]
     tail: list[int]       # the question and the start of the assistant's turn
     # (start, end) character offsets in the document text of each document token, for sources
-    document_offsets: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    document_offsets: Sequence[tuple[int, int]] = field(default_factory=list, repr=False)
     question_at: int = 0  # tail[:question_at] is template text before the question (sources' baseline)
 
     @property
@@ -54,10 +59,12 @@ def split_user_message(content: str) -> tuple[str, str] | None:
 
 
 def build_prompt(tokenizer: TextTokenizer, document: str, question: str, *,
-                 system: str | None = None) -> Prompt:
+                 system: str | None = None, token_memo: TokenMemo | None = None) -> Prompt:
+    """The prompt asking `question` about `document`; its ids come from `token_memo` (the prefix
+    cache's) when it remembers them."""
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": user_message(_DOCUMENT_SLOT, question)})
-    return _around_document(tokenizer, messages, document, question)
+    return _around_document(tokenizer, messages, document, question, token_memo)
 
 
 def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prompt:
@@ -85,16 +92,43 @@ def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prom
     return _around_document(tokenizer, messages, document, question)
 
 
-def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: str, question: str) -> Prompt:
+def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: str, question: str,
+                     token_memo: TokenMemo | None = None) -> Prompt:
     """Render `messages` (one of which holds the document slot) and tokenize the document on its own."""
     text = tokenizer.template.render(messages, add_generation_prompt=True)
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")
     head, tail = text.split(_DOCUMENT_SLOT)
-    encoded = tokenizer.tokenizer.encode(document, add_special_tokens=False)
+    encoded = []
+
+    def tokenize(document: str) -> list[int]:
+        encoded.append(tokenizer.tokenizer.encode(document, add_special_tokens=False))
+        return list(encoded[0].ids)
+
+    ids, _ = token_memo.ids(document, tokenize) if token_memo is not None else (tokenize(document), False)
+    offsets = list(encoded[0].offsets) if encoded else _OffsetsOnDemand(tokenizer, document)
     tail_ids = tokenizer.encode(tail)
-    return Prompt(tokenizer.encode(head), list(encoded.ids), tail_ids, document_offsets=list(encoded.offsets),
+    return Prompt(tokenizer.encode(head), ids, tail_ids, document_offsets=offsets,
                   question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids))
+
+
+class _OffsetsOnDemand(Sequence):
+    """A document's token offsets, found by tokenizing it again on first use (its ids came from
+    the token memo, and only `--sources` reads offsets)."""
+
+    def __init__(self, tokenizer: TextTokenizer, document: str):
+        self._tokenizer, self._document, self._offsets = tokenizer, document, None
+
+    def _all(self) -> list[tuple[int, int]]:
+        if self._offsets is None:
+            self._offsets = list(self._tokenizer.tokenizer.encode(self._document, add_special_tokens=False).offsets)
+        return self._offsets
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 def _tokens_before(tokenizer: TextTokenizer, text: str, question: str, ids: list[int]) -> int:

@@ -6,6 +6,7 @@ the same document reads only the question.
     chains.py   one manifest per document chain, least-recently-used eviction in a budget
     sizes.py    '10G' and friends
     prefix.py   one question's use of it: restore before prefill, save after each chunk
+    tokens.py   token ids of long documents, so a second ask does not tokenize again
 """
 
 from .chains import Chain, ChainIndex
