@@ -45,7 +45,7 @@ class FakeHub:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     log: list[Request] = field(default_factory=list)
     cut: dict[str, int] = field(default_factory=dict)    # file -> bytes sent before the next full GET is cut
-    stall: dict[str, int] = field(default_factory=dict)  # file -> bytes sent before the GET hangs until `release`
+    stall: dict[str, int] = field(default_factory=dict)  # file -> bytes sent before its GETs hang until `release`
     stalled: threading.Event = field(default_factory=threading.Event)   # set once a stalled GET hangs
     release: threading.Event = field(default_factory=threading.Event)
     url: str = ""
@@ -132,11 +132,13 @@ def _handler(hub: FakeHub):
                 self.wfile.flush()
                 self.close_connection = True
                 return
-            if not start and name in hub.stall:
-                self.wfile.write(data[:hub.stall.pop(name)])
+            if name in hub.stall and not hub.release.is_set():
+                # the first bytes, then a hang; a retry (after the client's read timeout, which
+                # a loaded machine can reach before the test's Ctrl-C) hangs at once, until `release`
+                self.wfile.write(data[start:max(start, hub.stall[name])])
                 self.wfile.flush()
                 hub.stalled.set()
-                hub.release.wait(60)
+                hub.release.wait(120)
                 self.close_connection = True
                 return
             self.wfile.write(data[start:])
