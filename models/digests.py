@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
+
+from .atomic_write import write_atomically
 
 SETTLED_NS = 2_000_000_000     # a file changed this recently is hashed, not remembered
 
@@ -38,16 +38,7 @@ def file_digest(path: Path, memo_dir: Path | None = None) -> str:
     if time.time_ns() - stat.st_ctime_ns < SETTLED_NS:
         return digest
     with contextlib.suppress(OSError):        # a read-only cache only means hashing again next time
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".digest-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({**stamp, "sha256": digest}, f)
-            os.replace(tmp, memo)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(memo, lambda tmp: tmp.write_text(json.dumps({**stamp, "sha256": digest})))
     return digest
 
 

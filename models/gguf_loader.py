@@ -8,13 +8,13 @@ later loads map that copy instead.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .atomic_write import write_atomically
 from .checkpoint import Checkpoint
 from .digests import file_digest
 from .config import ModelConfig
@@ -139,15 +139,6 @@ def _tokenizer_from_metadata(reader) -> tuple[str, str, list[int]]:
     return tok.to_str(), template, eos
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _convert(path: Path, digest: str, out: Path) -> None:
     from gguf import GGUFReader
     from safetensors.torch import save_file
@@ -160,13 +151,13 @@ def _convert(path: Path, digest: str, out: Path) -> None:
     weights = _weights_from_tensors(reader, config)
     tokenizer_json, template, eos = _tokenizer_from_metadata(reader)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / "model.safetensors", lambda p: save_file(weights, str(p)))
-    _write_atomic(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
+    write_atomically(out / "model.safetensors", lambda p: save_file(weights, str(p)))
+    write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
     meta = {"format": CONVERTED_FORMAT, "digest": digest, "source": str(path),
             "config": config.to_dict(), "chat_template": template, "eos_ids": eos,
             "name": _field(reader, "general.name", path.stem)}
     # meta.json last: its presence says the copy is complete.
-    _write_atomic(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
+    write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
 
 
 def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None,

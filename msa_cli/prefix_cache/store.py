@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
 import xxhash
+
+from msa_models.atomic_write import write_atomically
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
@@ -86,26 +87,18 @@ class BlockStore:
         from safetensors.torch import save_file
 
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         metadata = {"format": str(FORMAT_VERSION), "identity": identity, "key": key,
                     "index": str(index), "tokens": str(tokens), "checksum": checksum(tensors)}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
-        os.close(fd)
-        try:
+
+        def save(tmp: Path) -> None:
             try:
-                save_file(tensors, tmp, metadata=metadata)
+                save_file(tensors, str(tmp), metadata=metadata)
             except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as its own error
                 raise OSError(f"writing a block failed: {e}") from e
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-                size = os.fstat(f.fileno()).st_size
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return size
+
+        write_atomically(path, save, fsync=True)
+        return path.stat().st_size
 
     def read(self, key: str, *, identity: str, tokens: int) -> dict | None:
         """The tensors of block `key`, or None if it is not stored; BadBlock if it must not be used."""

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
+
+from msa_models.atomic_write import write_atomically
 
 FORMAT = "1"
 MIN_CHARS = 64 * 1024
@@ -84,16 +85,7 @@ class TokenMemo:
 
         tensor = torch.tensor(ids, dtype=torch.int32)
         meta = {"format": FORMAT, "tokenizer": self.tokenizer, "checksum": _checksum(tensor.numpy().tobytes())}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tokens-", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({"ids": tensor}, tmp, metadata=meta)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, lambda tmp: save_file({"ids": tensor}, str(tmp), metadata=meta))
 
     def _evict(self) -> None:
         """Keep the MAX_FILES most recently used files (and no temporary file older than a day)."""
