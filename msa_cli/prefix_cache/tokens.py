@@ -14,6 +14,7 @@ MAX_FILES most recently used (4 bytes per token: 4 MB for a 1M-token document).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ class TokenMemo:
         whether they were remembered."""
         if len(text) < MIN_CHARS:
             return tokenize(text), False
-        h = xxhash.xxh3_128()
+        h = hashlib.blake2b(digest_size=16)          # cryptographic: a crafted text cannot take another's ids
         h.update(self.tokenizer.encode())
         h.update(b"\0")
         h.update(text.encode("utf-8", "surrogatepass"))
