@@ -21,6 +21,11 @@ from .atomic_write import write_atomically
 SETTLED_NS = 2_000_000_000     # a file changed this recently is hashed, not remembered
 
 
+def memo_dir(converted_root: Path | None) -> Path | None:
+    """Where digests are remembered: beside the converted models (None: nowhere)."""
+    return None if converted_root is None else Path(converted_root) / "digests"
+
+
 def file_digest(path: Path, memo_dir: Path | None = None) -> str:
     """Hex SHA-256 of the file at `path`, read from `memo_dir` when the file is unchanged."""
     path = Path(path)

@@ -16,13 +16,12 @@ import torch
 
 from .atomic_write import write_atomically
 from .checkpoint import Checkpoint
-from .digests import file_digest
+from .digests import file_digest, memo_dir
 from .config import ModelConfig
 from .errors import ModelError
 from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
 
 CONVERTED_FORMAT = 1
-DIGESTS_FOLDER = "digests"     # under the converted models' folder: remembered file digests (digests.py)
 
 # GGUF tensor names -> ours (per-layer names have N for the layer index).
 _LAYER_NAMES = {
@@ -172,7 +171,7 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
-    digest = file_digest(path, None if converted_root is None else Path(converted_root) / DIGESTS_FOLDER)
+    digest = file_digest(path, memo_dir(converted_root))
     tmp = None
     if converted_root is None:
         tmp = tempfile.TemporaryDirectory(prefix="msa-model-")

@@ -18,8 +18,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (q int8 [..., D], scale fp32 [...]); an all-zero row gets scale 0."""
     xf = x.float()
     scale = xf.abs().amax(dim=-1) / LEVELS
-    q = torch.round(xf / scale.clamp(min=torch.finfo(torch.float32).tiny)[..., None]).clamp(-LEVELS, LEVELS)
-    return q.to(torch.int8), scale
+    return requantize_rows(xf, scale), scale
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -34,6 +33,6 @@ def round_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def requantize_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """int8 codes of rows `x` already on the grid of `scale` (exact: x was made by `round_rows`)."""
+    """int8 codes of rows `x` on the grid of `scale` (exact when x was made by `round_rows`)."""
     safe = scale.clamp(min=torch.finfo(torch.float32).tiny)[..., None]
     return torch.round(x.float() / safe).clamp(-LEVELS, LEVELS).to(torch.int8)

@@ -12,7 +12,8 @@ from .architectures import model_class
 from .checkpoint import Checkpoint, load_state
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
-from .gguf_loader import DIGESTS_FOLDER, load_gguf
+from .digests import memo_dir
+from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
 from .quantize import DEFAULT_GROUP_SIZE, MODES, is_quantized_state, quantize_state, swap_for_state
@@ -119,8 +120,7 @@ def load_checkpoint(spec: str, *, converted_root: Path | None = None, quantized_
             raise ModelError(f"{src.name} is already quantized to {ckpt.meta['quantization']}; "
                              f"quantize its base model {ckpt.meta['base']} to {quant} instead")
         return src, ckpt
-    memo = None if converted_root is None else Path(converted_root) / DIGESTS_FOLDER
-    return src, load_hf_dir(src.path, name=src.name, digest_memo=memo)
+    return src, load_hf_dir(src.path, name=src.name, digest_memo=memo_dir(converted_root))
 
 
 def write_quantized(spec: str, mode: str, *, quantized_root: Path, converted_root: Path | None = None,

@@ -99,14 +99,15 @@ def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: s
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")
     head, tail = text.split(_DOCUMENT_SLOT)
-    encoded = []
+    encoding = None                 # stays None when the token memo knew the ids
 
-    def tokenize(document: str) -> list[int]:
-        encoded.append(tokenizer.tokenizer.encode(document, add_special_tokens=False))
-        return list(encoded[0].ids)
+    def tokenize(text: str) -> list[int]:
+        nonlocal encoding
+        encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+        return list(encoding.ids)
 
-    ids, _ = token_memo.ids(document, tokenize) if token_memo is not None else (tokenize(document), False)
-    offsets = list(encoded[0].offsets) if encoded else _OffsetsOnDemand(tokenizer, document)
+    ids = token_memo.ids(document, tokenize)[0] if token_memo is not None else tokenize(document)
+    offsets = _OffsetsOnDemand(tokenizer, document) if encoding is None else list(encoding.offsets)
     tail_ids = tokenizer.encode(tail)
     return Prompt(tokenizer.encode(head), ids, tail_ids, document_offsets=offsets,
                   question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids))

@@ -20,17 +20,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import xxhash
-
 from msa_models.atomic_write import write_atomically
+
+from .store import checksum
 
 FORMAT = "1"
 MIN_CHARS = 64 * 1024
 MAX_FILES = 64
-
-
-def _checksum(data: bytes) -> str:
-    return f"xxh3:{xxhash.xxh3_64_hexdigest(data)}"
 
 
 class TokenMemo:
@@ -67,7 +63,7 @@ class TokenMemo:
                 meta = f.metadata() or {}
                 ids = f.get_tensor("ids")
             good = (meta.get("format") == FORMAT and meta.get("tokenizer") == self.tokenizer
-                    and meta.get("checksum") == _checksum(ids.numpy().tobytes()))
+                    and meta.get("checksum") == checksum({"ids": ids}))
         except FileNotFoundError:
             return None
         except Exception:  # noqa: BLE001 - safetensors reports a damaged file in several ways
@@ -85,7 +81,7 @@ class TokenMemo:
         from safetensors.torch import save_file
 
         tensor = torch.tensor(ids, dtype=torch.int32)
-        meta = {"format": FORMAT, "tokenizer": self.tokenizer, "checksum": _checksum(tensor.numpy().tobytes())}
+        meta = {"format": FORMAT, "tokenizer": self.tokenizer, "checksum": checksum({"ids": tensor})}
         write_atomically(path, lambda tmp: save_file({"ids": tensor}, str(tmp), metadata=meta))
 
     def _evict(self) -> None:
