@@ -94,14 +94,19 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [..., D] for integer positions [...]."""
-        positions = positions.long()
+        shape = (*positions.shape, self._low[0].shape[1])
+        positions = positions.long().flatten()
+
+        def rows(table, at):  # index_select: several times faster than indexing with a tensor
+            return table[0].index_select(0, at).view(shape), table[1].index_select(0, at).view(shape)
+
         if positions.numel() == 0 or int(positions.max()) < self.span:
-            return self._low[0][positions], self._low[1][positions]
+            return rows(self._low, positions)
         hi, lo = positions // self.span, positions % self.span
         if int(hi.max()) >= self._high[0].shape[0]:
             n = max(int(hi.max()) + 1, 2 * self._high[0].shape[0])
             self._high = self._table(torch.arange(n, dtype=torch.float64, device="cpu") * self.span)
-        cos_h, sin_h, cos_l, sin_l = self._high[0][hi], self._high[1][hi], self._low[0][lo], self._low[1][lo]
+        (cos_h, sin_h), (cos_l, sin_l) = rows(self._high, hi), rows(self._low, lo)
         return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
 
     def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from msa_kernels.selected_tokens import gather_selected_tokens
 
 from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
+from .msa_decode import decode_attend
 
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
@@ -42,6 +43,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
         observe(layer, q, q_start)
     s = cache.settings
     tq = q.shape[1]
+    if tq == 1 and q_start >= s.sparse_from and q.device.type == "cpu":
+        return decode_attend(q, cache, layer, q_start, rope)
     n_dense = int(min(max(s.sparse_from - q_start, 0), tq))
     parts = []
     if n_dense:
