@@ -24,6 +24,15 @@ class AttentionSettings:
     key, README): bounded distances answer better than true ones even inside its trained
     context, so the default is 0 (always); None means the model's trained context.
 
+    `selection_layer`: a decode step (one new token) selects its blocks in the layers up to this
+    one; at this layer every KV head takes the union of what its heads selected, and the later
+    layers read that same union instead of selecting their own (as TidalDecode re-uses one
+    layer's token selection). Measured on the embedded model (README, pass key): the layers
+    around 5-8 rank a needle's block near the top, the late layers rank it low, and with this
+    sharing MSA finds the key where each layer's own selection misses it. None: every layer
+    selects its own. Only decode steps share, and their K/V are never part of a cached document,
+    so this setting is not in the cache identity.
+
     `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
     row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
     stores in a quarter of the bytes.
@@ -36,6 +45,7 @@ class AttentionSettings:
     sink_blocks: int = 1
     dense_tokens: int = 1024
     bounded_from: int | None = 0
+    selection_layer: int | None = 5
     kv_dtype: str = "auto"
 
     def __post_init__(self):
@@ -45,6 +55,8 @@ class AttentionSettings:
             raise ValueError(f"K/V dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block size must be at least 1")
+        if self.selection_layer is not None and self.selection_layer < 0:
+            raise ValueError("the selection layer must be a layer index (0 or more), or None")
         if self.topk < 1 or self.local_blocks < 1 or self.sink_blocks < 0:
             raise ValueError("topk and local_blocks must be at least 1, sink_blocks at least 0")
 
@@ -56,6 +68,7 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
+        d.pop("selection_layer")          # shapes only decode steps' K/V (see above)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}
         if self.mode == "msa":

@@ -70,6 +70,9 @@ class KVCache:
         self.n_summarized = [0] * n_layers
         self._restored: dict[int, dict[str, torch.Tensor]] = {}   # block index -> its imported tensors
         self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: restored, not copied in yet
+        # A decode step's blocks chosen at `settings.selection_layer`, for the layers after it:
+        # (query position, what msa_decode selected); scratch of the step being computed
+        self.shared_selection = None
 
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
         """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in

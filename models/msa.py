@@ -5,6 +5,10 @@ the local window read them as they are). From `settings.bounded_from` on, the fa
 sparse query selects (sink and top-k) are re-rotated to sit one after another just before
 its local window, so the largest distance the model sees is `(sink + topk + local) * B`,
 not the input's length; before it, MSA attends at true positions.
+
+A single sparse query (a decode step) takes msa_decode.py's path, which computes the same
+attention in far fewer operations and shares one layer's selection with the layers after it
+(`settings.selection_layer`).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
         observe(layer, q, q_start)
     s = cache.settings
     tq = q.shape[1]
-    if tq == 1 and q_start >= s.sparse_from and q.device.type == "cpu":
+    if tq == 1 and q_start >= s.sparse_from:
         return decode_attend(q, cache, layer, q_start, rope)
     n_dense = int(min(max(s.sparse_from - q_start, 0), tq))
     parts = []

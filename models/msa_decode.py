@@ -13,6 +13,8 @@ queries by block and re-rotates every selected far key (`K * B` keys). For a sin
   counter-rotated once per selected block (K small vectors) instead of rotating its B keys;
 - the query sees every selected token up to itself, so the only mask is the unused slots and
   the unwritten tail of its own block.
+With `settings.selection_layer`, the layers after it skip selection altogether: they read the
+union that the selection layer's KV heads chose (kept in `cache.shared_selection` for the step).
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -35,7 +37,14 @@ def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rop
     summaries = cache.block_summaries(layer, n_tokens)                   # [Hkv, n_full, 2, D]
     hkv = summaries.shape[0]
     qf = q.view(hkv, hq // hkv, d).float() * d ** -0.5                   # [Hkv, G, D], scaled
-    idx, n_far, n_chosen = _select(qf, summaries, n_tokens, s, block_size)   # [Hkv, W]
+    shared = cache.shared_selection
+    if s.selection_layer is not None and layer > s.selection_layer and shared is not None and shared[0] == q_start:
+        idx, n_far, n_chosen = shared[1]                                 # the selection layer's union
+    else:
+        idx, n_far, n_chosen = _select(qf, summaries, n_tokens, s, block_size)   # [Hkv, W]
+        if layer == s.selection_layer:
+            idx, n_far, n_chosen = _union_of_heads(idx, n_far, n_chosen)
+            cache.shared_selection = (q_start, (idx, n_far, n_chosen))
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)   # [Hkv, W, B, D]
@@ -62,9 +71,10 @@ def _select(qf, summaries, n_tokens, s, block_size):
     hkv = qf.shape[0]
     n_candidates = local_start - sink_end
     width = s.sink_blocks + s.topk + s.local_blocks
-    idx = torch.full((hkv, width), -1, dtype=torch.int32)
+    dev = qf.device
+    idx = torch.full((hkv, width), -1, dtype=torch.int32, device=dev)
     if n_candidates <= s.topk:
-        idx[:, :last + 1] = torch.arange(0, last + 1)
+        idx[:, :last + 1] = torch.arange(0, last + 1, device=dev)
         return idx, local_start, last + 1
     q_pos = qf.clamp(min=0)
     parts = torch.stack([(qf - q_pos).sum(1), q_pos.sum(1)], dim=1)            # [Hkv, 2, D]: (neg, pos)
@@ -78,11 +88,18 @@ def _select(qf, summaries, n_tokens, s, block_size):
         idx = select_blocks(full, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                             local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
     else:
-        idx[:, :sink_end] = torch.arange(sink_end)
+        idx[:, :sink_end] = torch.arange(sink_end, device=dev)
         idx[:, sink_end:sink_end + s.topk] = best.indices.sort(dim=1).values + sink_end
-        idx[:, sink_end + s.topk:sink_end + s.topk + last + 1 - local_start] = torch.arange(local_start, last + 1)
+        idx[:, sink_end + s.topk:sink_end + s.topk + last + 1 - local_start] = torch.arange(local_start, last + 1, device=dev)
     n_far = sink_end + s.topk
     return idx, n_far, n_far + last + 1 - local_start
+
+
+def _union_of_heads(idx, n_far, n_chosen):
+    """Every KV head reads the far blocks any head selected (ascending), then the local window."""
+    far = idx[:, :n_far].unique()                                        # sorted; ids >= 0
+    row = torch.cat([far, idx[0, n_far:n_chosen]])
+    return row.expand(idx.shape[0], -1), len(far), len(row)
 
 
 def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_size: int):
@@ -91,7 +108,7 @@ def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_s
     view with two index tensors copies element by element, 7x slower)."""
     hkv, capacity, d = keys.shape
     n_blocks = capacity // block_size
-    rows = (idx.clamp(min=0) + torch.arange(0, hkv * n_blocks, n_blocks, dtype=idx.dtype)[:, None]).view(-1)
+    rows = (idx.clamp(min=0) + torch.arange(0, hkv * n_blocks, n_blocks, dtype=idx.dtype, device=idx.device)[:, None]).view(-1)
     return tuple(store.view(hkv * n_blocks, block_size * d).index_select(0, rows).view(hkv, -1, block_size, d).float()
                  for store in (keys, values))
 
@@ -101,9 +118,9 @@ def _counter_rotate(qf, idx, n_far, window_first, block_size, rope):
     forward by (window_first - b) - (n_far - j) blocks so the far blocks sit back to back just
     before the local window (msa._move_far_blocks); the other slots do not move. Rotate-half
     RoPE by -a: q cos a - rotate_half(q) sin a, on the first R channels."""
-    slot = torch.arange(idx.shape[1])
+    slot = torch.arange(idx.shape[1], device=idx.device)
     shift = torch.where(slot < n_far, (window_first - idx.long()) - (n_far - slot), 0)   # [Hkv, W] blocks
-    cos, sin = rope.cos_sin(shift * block_size)                                          # [Hkv, W, R]
+    cos, sin = (t.to(qf.device) for t in rope.cos_sin(shift.cpu() * block_size))        # [Hkv, W, R]
     r = cos.shape[-1]
     q_r = qf[..., :r]
     half_turn = torch.cat([-q_r[..., r // 2:], q_r[..., :r // 2]], dim=-1)               # [Hkv, G, R]

@@ -17,17 +17,20 @@ from msa_models.msa_decode import _select as decode_select
 from msa_models.msa_decode import decode_attend
 
 
-def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, constant_keys=False, **settings):
-    """A one-layer cache holding n_tokens of rotated keys (the query's own included), with the
-    pre-rotation keys for the reference (`constant_keys`: every cached key all ones)."""
+def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, constant_keys=False, n_layers=1,
+           **settings):
+    """A cache holding n_tokens of rotated keys (the query's own included) in each layer, with
+    the last layer's pre-rotation keys for the reference (`constant_keys`: every cached key all
+    ones). Only layer 0 selects its own blocks unless `selection_layer` is given."""
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
-    k_pre, v = torch.randn(hkv, n_tokens, d), torch.randn(hkv, n_tokens, d)
-    cos, sin = rope.cos_sin(torch.arange(n_tokens))
-    keys = torch.ones(hkv, n_tokens, d) if constant_keys else apply_rope(k_pre, cos, sin)
-    s = AttentionSettings(mode="msa", block_size=block, **settings)
-    cache = KVCache(1, hkv, d, block_size=block, dtype=dtype, capacity=n_tokens, settings=s)
-    cache.write(0, keys.to(dtype), v.to(dtype))
+    s = AttentionSettings(mode="msa", block_size=block, **{"selection_layer": None, **settings})
+    cache = KVCache(n_layers, hkv, d, block_size=block, dtype=dtype, capacity=n_tokens, settings=s)
+    for layer in range(n_layers):
+        k_pre, v = torch.randn(hkv, n_tokens, d), torch.randn(hkv, n_tokens, d)
+        cos, sin = rope.cos_sin(torch.arange(n_tokens))
+        keys = torch.ones(hkv, n_tokens, d) if constant_keys else apply_rope(k_pre, cos, sin)
+        cache.write(layer, keys.to(dtype), v.to(dtype))
     return cache, rope, k_pre, v
 
 
@@ -42,12 +45,12 @@ CASES = [
 ]
 
 
-def _reference_general(q, cache, rope, n_tokens):
+def _reference_general(q, cache, rope, n_tokens, layer=0, idx=None):
     s, block = cache.settings, cache.block_size
     q_start = n_tokens - 1
-    keys, values = cache.k[0][:, :n_tokens], cache.v[0][:, :n_tokens]
-    summaries = cache.block_summaries(0, n_tokens)
-    idx = msa._select(q, q_start, summaries, s, block)
+    keys, values = cache.k[layer][:, :n_tokens], cache.v[layer][:, :n_tokens]
+    summaries = cache.block_summaries(layer, n_tokens)
+    idx = msa._select(q, q_start, summaries, s, block) if idx is None else idx
     if q_start >= s.bounded_from:
         return idx, msa._sparse_repositioned(q, q_start, keys, values, idx, s, block, rope)
     return idx, msa._sparse(q, q_start, keys, values, idx, block)
@@ -118,3 +121,18 @@ def test_restored_blocks_are_read_only_when_selected():
     idx, _, _ = decode_select(q.view(2, 3, 16), cache.block_summaries(0, n), n, cache.settings, 16)
     assert restored.unread_blocks == n // 16 - len(idx.unique())      # sink, top 2 and local of 20
     assert torch.equal(got, decode_attend(q, cache, 0, n - 1, rope))
+
+
+def test_layers_after_the_selection_layer_read_its_union_of_heads():
+    n = 300
+    cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
+    queries = [torch.randn(6, 1, 16) for _ in range(3)]
+    own = [msa._select(q, n - 1, cache.block_summaries(layer, n), cache.settings, 16)[:, 0]
+           for layer, q in enumerate(queries)]                        # [Hkv, sink + topk + local] each
+    far = own[1][:, :4].unique()                                          # sink and top 3 of either head
+    union = torch.cat([far, own[1][0, 4:]]).expand(2, -1)[:, None]
+    assert union.shape[-1] > own[1].shape[-1]                             # the heads chose differently
+    assert not torch.equal(own[2], union[:, 0, :own[2].shape[-1]])       # and layer 2 would choose otherwise
+    for layer, q in enumerate(queries):
+        _, want = _reference_general(q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else union)
+        assert_close(decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}")
