@@ -1,11 +1,11 @@
-"""MSA for one decode query on the CPU: what `msa.attend` computes for a single token, in a
-dozen tensor ops per layer instead of the general path's sixty.
+"""MSA for one decode query: what `msa.attend` computes for a single token, in far fewer
+tensor operations per layer than the general path.
 
 The general path serves chunks of queries: it checks its arguments, builds masks, pads the
 queries by block and re-rotates every selected far key (`K * B` keys). For a single query:
 - the Quest score of a block summed over the G query heads of a group is linear in the
-  queries' positive and negative parts, so the group's parts are summed first and scored in
-  one matrix-vector product per KV head;
+  queries' positive and negative parts, so the group's parts are summed first and each block
+  is scored once per KV head;
 - selection is one `topk` over the candidates between the sink and the local window (exact
   ties at the cut-off, where `topk` would not say which index wins, fall back to the general
   rule: the lower block index);
@@ -25,7 +25,7 @@ import torch
 from msa_kernels.selection import select_blocks
 
 from .kv_cache import KVCache
-from .layers import RotaryEmbedding, apply_rope
+from .layers import RotaryEmbedding
 
 
 def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:

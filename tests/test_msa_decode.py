@@ -136,3 +136,11 @@ def test_layers_after_the_selection_layer_read_its_union_of_heads():
     for layer, q in enumerate(queries):
         _, want = _reference_general(q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else union)
         assert_close(decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}")
+
+
+def test_the_selection_layer_stays_out_of_the_cache_identity():
+    """Only decode steps share a selection, and their K/V are never part of a cached document."""
+    assert AttentionSettings(selection_layer=None).identity() == AttentionSettings().identity()
+    assert AttentionSettings(topk=4).identity() != AttentionSettings().identity()
+    with pytest.raises(ValueError, match="selection layer"):
+        AttentionSettings(selection_layer=-1)
