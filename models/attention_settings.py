@@ -24,14 +24,14 @@ class AttentionSettings:
     key, README): bounded distances answer better than true ones even inside its trained
     context, so the default is 0 (always); None means the model's trained context.
 
-    `selection_layer`: a decode step (one new token) selects its blocks in the layers up to this
-    one; at this layer every KV head takes the union of what its heads selected, and the later
-    layers read that same union instead of selecting their own (as TidalDecode re-uses one
-    layer's token selection). Measured on the embedded model (README, pass key): the layers
+    `selection_layer`: a decode step (one new token), and a chunk of the question once the
+    caller has marked where it starts (`KVCache.question_from`), selects its blocks in the layers
+    up to this one; at this layer every KV head takes the union of what its heads selected, and
+    the later layers read that same union instead of selecting their own (as TidalDecode re-uses
+    one layer's token selection). Measured on the embedded model (README, pass key): the layers
     around 5-8 rank a needle's block near the top, the late layers rank it low, and with this
     sharing MSA finds the key where each layer's own selection misses it. None: every layer
-    selects its own. Only decode steps share, and their K/V are never part of a cached document,
-    so this setting is not in the cache identity.
+    selects its own. A document's tokens never share, so this setting is not in the cache identity.
 
     `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
     row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
@@ -68,7 +68,7 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
-        d.pop("selection_layer")          # shapes only decode steps' K/V (see above)
+        d.pop("selection_layer")          # shapes only the question's and answer's K/V (see above)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}
         if self.mode == "msa":

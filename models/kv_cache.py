@@ -70,8 +70,12 @@ class KVCache:
         self.n_summarized = [0] * n_layers
         self._restored: dict[int, dict[str, torch.Tensor]] = {}   # block index -> its imported tensors
         self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: restored, not copied in yet
-        # A decode step's blocks chosen at `settings.selection_layer`, for the layers after it:
-        # (query position, what msa_decode selected); scratch of the step being computed
+        # Where the question starts (the caller marks it once the document is in): queries from
+        # here on, chunks included, share `settings.selection_layer`'s blocks; decode steps always
+        # do. Never a document's position, so cached blocks do not depend on it.
+        self.question_from: int | None = None
+        # the selection layer's choice for the layers after it: ((first query, n queries), blocks);
+        # scratch of the forward being computed
         self.shared_selection = None
 
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
@@ -174,6 +178,8 @@ class KVCache:
             del self._restored[index]
         self._absent[:, cut:] = False
         self.length = n
+        if self.question_from is not None and self.question_from > n:
+            self.question_from = None
         self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
 
     def block(self, layer: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:

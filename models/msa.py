@@ -61,15 +61,42 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
         n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))   # queries at true positions
         if n_true:
             q_true = q[:, n_dense:n_dense + n_true]
-            idx = _select(q_true, start, summaries, s, cache.block_size)
+            idx = _chosen(q_true, start, summaries, cache, layer)
             cache.load_blocks(layer, idx)
             parts.append(_sparse(q_true, start, keys, values, idx, cache.block_size))
         if n_dense + n_true < tq:
             q_moved = q[:, n_dense + n_true:]
-            idx = _select(q_moved, start + n_true, summaries, s, cache.block_size)
+            idx = _chosen(q_moved, start + n_true, summaries, cache, layer)
             cache.load_blocks(layer, idx)
             parts.append(_sparse_repositioned(q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _chosen(q, q_start, summaries, cache: KVCache, layer: int):
+    """Selected blocks [Hkv, n_qblocks, K] of a chunk; for a chunk of the question
+    (`cache.question_from`) the selection layer's union over KV heads, which the layers after it
+    read again (msa_decode.py does the same for every decode step)."""
+    s = cache.settings
+    shares = (s.selection_layer is not None and cache.question_from is not None
+              and q_start >= cache.question_from)
+    key = (q_start, q.shape[1])
+    if shares and layer > s.selection_layer and cache.shared_selection is not None and cache.shared_selection[0] == key:
+        return cache.shared_selection[1]
+    idx = _select(q, q_start, summaries, s, cache.block_size)
+    if shares and layer == s.selection_layer:
+        idx = _union_per_query_block(idx)
+        cache.shared_selection = (key, idx)
+    return idx
+
+
+def _union_per_query_block(idx):
+    """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
+    every head, ascending (far blocks, then the local window: its blocks are the highest), -1 padded."""
+    rows = [row[row >= 0].unique() for row in idx.unbind(1)]
+    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
+    for j, row in enumerate(rows):
+        out[:, j, :len(row)] = row
+    return out
 
 
 def _select(q, q_start, summaries, s, block_size):

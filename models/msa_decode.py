@@ -38,13 +38,13 @@ def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rop
     hkv = summaries.shape[0]
     qf = q.view(hkv, hq // hkv, d).float() * d ** -0.5                   # [Hkv, G, D], scaled
     shared = cache.shared_selection
-    if s.selection_layer is not None and layer > s.selection_layer and shared is not None and shared[0] == q_start:
+    if s.selection_layer is not None and layer > s.selection_layer and shared is not None and shared[0] == (q_start, 1):
         idx, n_far, n_chosen = shared[1]                                 # the selection layer's union
     else:
         idx, n_far, n_chosen = _select(qf, summaries, n_tokens, s, block_size)   # [Hkv, W]
         if layer == s.selection_layer:
             idx, n_far, n_chosen = _union_of_heads(idx, n_far, n_chosen)
-            cache.shared_selection = (q_start, (idx, n_far, n_chosen))
+            cache.shared_selection = ((q_start, 1), (idx, n_far, n_chosen))
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)   # [Hkv, W, B, D]

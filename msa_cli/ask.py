@@ -219,4 +219,5 @@ def prefill_prompt(model, cache, prompt: Prompt, stored: PrefixCache | None, *,
 
     if cache.length < len(context):
         prefill(model, cache, context[cache.length:], progress=chunk_done)
+    cache.question_from = len(context)
     return prefill(model, cache, prompt.tail, progress=progress)

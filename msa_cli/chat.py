@@ -66,6 +66,7 @@ class ChatSession(Conversation):
 
             if self.cache.length < len(ids):
                 prefill(self.loaded.model, self.cache, ids[self.cache.length:], progress=chunk_done)
+        self.cache.question_from = len(ids)          # every turn is a question about the documents
         self.read_s = time.perf_counter() - start
         record_speed(self.settings.speed_dir, speed, len(ids) - self.cached_tokens, self.read_s)
         self.seq = list(ids)

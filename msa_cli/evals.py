@@ -55,6 +55,7 @@ def run_passkey(loaded, lengths: list[int], n_depths: int, attentions: list, *, 
                 prompt = build_prompt(tok, passkey_document(tok, length, depth, key), QUESTION)
                 cache = loaded.model.new_cache(capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings)
                 prefill(loaded.model, cache, prompt.ids[:prompt.context_length])
+                cache.question_from = prompt.context_length
                 logits = prefill(loaded.model, cache, prompt.tail)
                 answer = tok.decode(list(Generation(loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS,
                                                     tok.eos_ids)))

@@ -1,6 +1,6 @@
 """The one-query MSA path (models/msa_decode.py) against the general chunk path it stands in
 for (msa._select, msa._sparse, msa._sparse_repositioned) and against the from-scratch
-reference of bounded positions."""
+reference of bounded positions; the selection layer's choice shared with the layers after it."""
 
 from __future__ import annotations
 
@@ -144,3 +144,36 @@ def test_the_selection_layer_stays_out_of_the_cache_identity():
     assert AttentionSettings(topk=4).identity() != AttentionSettings().identity()
     with pytest.raises(ValueError, match="selection layer"):
         AttentionSettings(selection_layer=-1)
+
+
+@pytest.mark.parametrize("question_from", [None, 280])
+def test_a_question_chunk_shares_the_selection_layers_union(question_from):
+    n, tq = 300, 20                                   # the chunk: positions 280..299, two query blocks
+    cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
+    cache.question_from = question_from
+    queries = [torch.randn(6, tq, 16) for _ in range(3)]
+    own = [msa._select(q, n - tq, cache.block_summaries(layer, n), cache.settings, 16)
+           for layer, q in enumerate(queries)]                          # [Hkv, 2, sink + topk + local]
+    rows = [torch.unique(own[1][:, j][own[1][:, j] >= 0]) for j in range(2)]
+    union = torch.full((2, 2, max(map(len, rows))), -1, dtype=own[1].dtype)
+    for j, row in enumerate(rows):
+        union[:, j, :len(row)] = row
+    for layer, q in enumerate(queries):
+        shared = question_from is not None and layer >= 1
+        idx = union if shared else own[layer]
+        want = msa._sparse_repositioned(q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx,
+                                        cache.settings, 16, rope)
+        got = msa.attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], cache, layer, n - tq, rope)
+        assert_close(got, want, atol=1e-5, what=f"layer {layer}")
+    assert union.shape[-1] > own[1].shape[-1]                             # the heads chose differently
+    assert not torch.equal(own[2], union[..., :own[2].shape[-1]])        # layer 2 alone would choose otherwise
+
+
+def test_truncating_before_the_question_forgets_it():
+    cache, _, _, _ = _cache(64, topk=2)
+    cache.advance(64)
+    cache.question_from = 48
+    cache.truncate(48)
+    assert cache.question_from == 48
+    cache.truncate(32)
+    assert cache.question_from is None
