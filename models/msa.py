@@ -29,7 +29,7 @@ from msa_kernels.selected_tokens import gather_selected_tokens
 
 from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
-from .msa_decode import decode_attend
+from .msa_decode import decode_attend, select_shared, union_over_heads
 
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
@@ -76,27 +76,12 @@ def _chosen(q, q_start, summaries, cache: KVCache, layer: int):
     """Selected blocks [Hkv, n_qblocks, K] of a chunk; for a chunk of the question
     (`cache.question_from`) the selection layer's union over KV heads, which the layers after it
     read again (msa_decode.py does the same for every decode step)."""
-    s = cache.settings
-    shares = (s.selection_layer is not None and cache.question_from is not None
-              and q_start >= cache.question_from)
-    key = (q_start, q.shape[1])
-    if shares and layer > s.selection_layer and cache.shared_selection is not None and cache.shared_selection[0] == key:
-        return cache.shared_selection[1]
-    idx = _select(q, q_start, summaries, s, cache.block_size)
-    if shares and layer == s.selection_layer:
-        idx = _union_per_query_block(idx)
-        cache.shared_selection = (key, idx)
-    return idx
+    def choose():
+        return _select(q, q_start, summaries, cache.settings, cache.block_size)
 
-
-def _union_per_query_block(idx):
-    """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
-    every head, ascending (far blocks, then the local window: its blocks are the highest), -1 padded."""
-    rows = [row[row >= 0].unique() for row in idx.unbind(1)]
-    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
-    for j, row in enumerate(rows):
-        out[:, j, :len(row)] = row
-    return out
+    if cache.question_from is None or q_start < cache.question_from:
+        return choose()
+    return select_shared(cache, layer, (q_start, q.shape[1]), choose, union_over_heads)
 
 
 def _select(q, q_start, summaries, s, block_size):

@@ -37,14 +37,9 @@ def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rop
     summaries = cache.block_summaries(layer, n_tokens)                   # [Hkv, n_full, 2, D]
     hkv = summaries.shape[0]
     qf = q.view(hkv, hq // hkv, d).float() * d ** -0.5                   # [Hkv, G, D], scaled
-    shared = cache.shared_selection
-    if s.selection_layer is not None and layer > s.selection_layer and shared is not None and shared[0] == (q_start, 1):
-        idx, n_far, n_chosen = shared[1]                                 # the selection layer's union
-    else:
-        idx, n_far, n_chosen = _select(qf, summaries, n_tokens, s, block_size)   # [Hkv, W]
-        if layer == s.selection_layer:
-            idx, n_far, n_chosen = _union_of_heads(idx, n_far, n_chosen)
-            cache.shared_selection = ((q_start, 1), (idx, n_far, n_chosen))
+    idx, n_far, n_chosen = select_shared(
+        cache, layer, (q_start, 1), lambda: _select(qf, summaries, n_tokens, s, block_size),
+        lambda chosen: _union_of_heads(*chosen))                          # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)   # [Hkv, W, B, D]
@@ -95,11 +90,35 @@ def _select(qf, summaries, n_tokens, s, block_size):
     return idx, n_far, n_far + last + 1 - local_start
 
 
+def select_shared(cache: KVCache, layer: int, key: tuple, choose, union):
+    """The blocks of the queries `key` (first position, count) read in `layer`: `choose()` up to
+    `settings.selection_layer`, which keeps `union(choose())` in the cache for the layers after it."""
+    s = cache.settings
+    kept = cache.shared_selection
+    if s.selection_layer is not None and layer > s.selection_layer and kept is not None and kept[0] == key:
+        return kept[1]
+    chosen = choose()
+    if layer == s.selection_layer:
+        chosen = union(chosen)
+        cache.shared_selection = (key, chosen)
+    return chosen
+
+
+def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
+    """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
+    every head, ascending (far blocks, then the local window: its blocks are the highest), -1 padded."""
+    rows = [row[row >= 0].unique() for row in idx.unbind(1)]
+    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
+    for j, row in enumerate(rows):
+        out[:, j, :len(row)] = row
+    return out
+
+
 def _union_of_heads(idx, n_far, n_chosen):
-    """Every KV head reads the far blocks any head selected (ascending), then the local window."""
-    far = idx[:, :n_far].unique()                                        # sorted; ids >= 0
-    row = torch.cat([far, idx[0, n_far:n_chosen]])
-    return row.expand(idx.shape[0], -1), len(far), len(row)
+    """`union_over_heads` for one query: the local window stays, the far blocks grow."""
+    union = union_over_heads(idx[:, None])[:, 0]
+    n_union = union.shape[1]
+    return union, n_union - (n_chosen - n_far), n_union
 
 
 def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_size: int):
