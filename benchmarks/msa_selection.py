@@ -4,7 +4,9 @@ For pass-key documents (msa_cli.evals), the document is prefilled densely; then,
 question's tokens, each layer's queries score the key blocks and pick the top-k. Reported per
 layer: the share of dense attention mass that falls in the selected blocks ("mass"), and how
 often the block holding the key's digits is selected ("recall"). FACTS.md found mass alone
-barely separates scoring choices, so recall is the number to watch.
+barely separates scoring choices, so recall is the number to watch. Each scoring is measured in
+two frames: keys and queries as cached (rotated at their true positions, "@true") and rotated
+back to position 0 ("@0", what msa does: KVCache.score_frame).
 
     python benchmarks/msa_selection.py --length 2800 --depths 5 --topk 4 --json out.json
 """
@@ -35,7 +37,9 @@ SCORINGS = {
 def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
     tok = loaded.tokenizer
     n_layers = loaded.config.num_hidden_layers
-    totals = {name: {"mass": torch.zeros(n_layers), "recall": torch.zeros(n_layers)} for name in SCORINGS}
+    names = [f"{name}@{frame}" for name in SCORINGS for frame in ("true", "0")]
+    totals = {name: {"mass": torch.zeros(n_layers), "recall": torch.zeros(n_layers)} for name in names}
+    rope = loaded.model.rope
     captured = []
 
     for i, depth in enumerate(depths(n_depths)):
@@ -58,9 +62,13 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
             probs = torch.softmax((q @ keys.repeat_interleave(g, 0).mT) / q.shape[-1] ** 0.5
                                   + torch.where(torch.arange(n)[None, :] <= (q_start + torch.arange(q.shape[1]))[:, None],
                                                 0.0, float("-inf")), dim=-1)            # [Hq, Tq, n]
-            for name, (kind, reduce) in SCORINGS.items():
-                summaries = K.block_summaries(keys, block, kind)
-                scores = K.score_query_blocks(q, q_start, summaries, block, kind=kind, query_reduce=reduce)
+            for name in names:
+                kind, reduce = SCORINGS[name.split("@")[0]]
+                at_zero = name.endswith("@0")
+                k_scored = rope.rotate_back(keys, 0) if at_zero else keys
+                q_scored = rope.rotate_back(q, q_start) if at_zero else q
+                summaries = K.block_summaries(k_scored, block, kind)
+                scores = K.score_query_blocks(q_scored, q_start, summaries, block, kind=kind, query_reduce=reduce)
                 idx = K.select_query_blocks(scores, q_start=q_start, n_tokens=n, block_size=block, topk=topk)
                 from msa_kernels.selected_tokens import selected_token_mask
 
@@ -83,9 +91,9 @@ def main():
     loaded, _ = runtime.load("smollm2-135m")
     result = measure(loaded, args.length, args.depths, args.topk)
     print(f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers 0-29 in --json)")
-    print(f"{'scoring':<12} {'mass':>6} {'recall':>7}")
+    print(f"{'scoring':<15} {'mass':>6} {'recall':>7}")
     for name, r in result.items():
-        print(f"{name:<12} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}")
+        print(f"{name:<15} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"length": args.length, "topk": args.topk, "depths": args.depths, "per_layer": result}, f, indent=1)

@@ -26,9 +26,10 @@ class AttentionSettings:
 
     `selection_layer`: a decode step (one new token), and a chunk of the question once the
     caller has marked where it starts (`KVCache.question_from`), selects its blocks in the layers
-    up to this one; at this layer every KV head takes the union of what its heads selected, and
-    the later layers read that same union instead of selecting their own (as TidalDecode re-uses
-    one layer's token selection). Measured on the embedded model (README, pass key): the layers
+    up to this one; at this layer one set of blocks is made for every KV head (for a chunk, the
+    union of what its heads selected; for a decode step, as many blocks as one head selects,
+    taken from the heads' choices in turn), and the later layers read that set instead of
+    selecting their own (as TidalDecode re-uses one layer's token selection). Measured on the embedded model (README, pass key): the layers
     around 5-8 rank a needle's block near the top, the late layers rank it low, and with this
     sharing MSA finds the key where each layer's own selection misses it. None: every layer
     selects its own. A document's tokens never share, so this setting is not in the cache identity.

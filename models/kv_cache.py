@@ -8,7 +8,10 @@ Keys are stored after RoPE, at their true positions.
 Storage per layer is `[Hkv, capacity, D]` with `capacity` a multiple of `block_size`, so
 block `b` is the token range `[b*B, (b+1)*B)`: the unit that sparse attention selects, the
 disk prefix cache stores and source passages cite. Each full block also keeps a summary of
-its keys (per-channel min and max, fp32), computed once, from which MSA scores blocks.
+its keys (per-channel min and max, fp32), computed once, from which MSA scores blocks, in two
+frames: the keys as stored, and (with the model's `rope`) the keys rotated back to position 0,
+which scores a block by its content whatever its distance (`score_frame`; msa.py says which
+queries use which).
 
 Keys and values live in memory, or, for inputs larger than memory, in files mapped from
 `storage_dir` (unlinked as soon as they are mapped, so nothing is left behind even after a
@@ -39,6 +42,7 @@ import torch
 from msa_kernels import block_summaries
 
 from .attention_settings import AttentionSettings
+from .layers import RotaryEmbedding
 from .kv_int8 import dequantize_rows, requantize_rows, round_rows
 
 
@@ -51,8 +55,10 @@ MAX_UNREAD_BLOCKS = 16_384
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, block_size: int = 64,
                  dtype: torch.dtype = torch.float32, capacity: int = 0,
-                 settings: AttentionSettings | None = None, storage_dir: Path | None = None):
+                 settings: AttentionSettings | None = None, storage_dir: Path | None = None,
+                 rope: RotaryEmbedding | None = None):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.rope = rope
         self.block_size = block_size
         self.dtype = dtype
         self.settings = settings or AttentionSettings()
@@ -65,8 +71,8 @@ class KVCache:
         # int8 K/V: the scale of each row, [Hkv, capacity] per layer
         self.k_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
         self.v_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
-        self._summary_store = torch.zeros(n_layers, n_kv_heads, cap // block_size, 2, head_dim)
-        self.summaries = list(self._summary_store.unbind(0))      # per layer [Hkv, n_blocks, 2, D]
+        # [frame (as stored, by content), layer, Hkv, n_blocks, (min, max), D]
+        self._summary_store = torch.zeros(2, n_layers, n_kv_heads, cap // block_size, 2, head_dim)
         self.n_summarized = [0] * n_layers
         self._restored: dict[int, dict[str, torch.Tensor]] = {}   # block index -> its imported tensors
         self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: restored, not copied in yet
@@ -127,10 +133,10 @@ class KVCache:
                 grown = self._new_store(cap, scales=t.dim() == 2)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
-        grown = torch.zeros(self.n_layers, self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
-        grown[:, :, : max(self.n_summarized)] = self._summary_store[:, :, : max(self.n_summarized)]
+        grown = torch.zeros(2, self.n_layers, self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
+        done = max(self.n_summarized)
+        grown[:, :, :, :done] = self._summary_store[:, :, :, :done]
         self._summary_store = grown
-        self.summaries = list(grown.unbind(0))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
               selective: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,17 +157,27 @@ class KVCache:
         self.v[layer][:, self.length:end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]
 
-    def block_summaries(self, layer: int, n_tokens: int) -> torch.Tensor:
-        """Key summaries [Hkv, n_full, 2, D] of the full blocks among the first `n_tokens`,
+    def block_summaries(self, layer: int, n_tokens: int, *, by_content: bool = False) -> torch.Tensor:
+        """Key summaries [Hkv, n_full, 2, D] of the full blocks among the first `n_tokens`, of
+        the keys as stored or, `by_content`, rotated back to position 0 (see `score_frame`);
         computing those not yet summarized (keys of those tokens must be written)."""
         n_full = n_tokens // self.block_size
         done = self.n_summarized[layer]
         if n_full > done:
-            self.load_tokens(layer, done * self.block_size, n_full * self.block_size)
-            keys = self.k[layer][:, : n_full * self.block_size]
-            self.summaries[layer][:, done:n_full] = block_summaries(keys, self.block_size, "minmax", first_block=done)
+            first, end = done * self.block_size, n_full * self.block_size
+            self.load_tokens(layer, first, end)
+            keys = self.k[layer][:, first:end]
+            for frame, frame_keys in enumerate((keys, self.score_frame(keys, first))):
+                self._summary_store[frame, layer, :, done:n_full] = block_summaries(frame_keys, self.block_size, "minmax")
             self.n_summarized[layer] = n_full
-        return self.summaries[layer][:, :n_full]
+        return self._summary_store[int(by_content), layer, :, :n_full]
+
+    def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
+        """Keys or queries x [..., T, D] at positions first_position.. as blocks are scored by
+        content: rotated back to position 0 when the cache has the model's RoPE, else as they are."""
+        if self.rope is None:
+            return x
+        return self.rope.rotate_back(x, first_position)
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -193,7 +209,7 @@ class KVCache:
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
-        for a full block its key summaries [L, Hkv, 2, D], and with int8 K/V k and v as int8
+        for a full block its key summaries [2 frames, L, Hkv, 2, D], and with int8 K/V k and v as int8
         codes with their scales k_scale, v_scale [L, Hkv, n]."""
         start = index * self.block_size
         end = min(start + self.block_size, self.length)
@@ -213,7 +229,9 @@ class KVCache:
                 "v": torch.stack([v[:, start:end] for v in self.v]),
             }
         if end - start == self.block_size:
-            block["summaries"] = torch.stack([self.block_summaries(i, end)[:, index] for i in range(self.n_layers)])
+            for layer in range(self.n_layers):
+                self.block_summaries(layer, end)
+            block["summaries"] = self._summary_store[:, :, :, index].clone()
         return block
 
     def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
@@ -241,12 +259,12 @@ class KVCache:
         summaries = block.get("summaries")
         if summaries is not None and n == self.block_size:
             if all(done == index for done in self.n_summarized):
-                self._summary_store[:, :, index] = summaries       # every layer at once
+                self._summary_store[:, :, :, index] = summaries       # every layer at once
                 self.n_summarized = [index + 1] * self.n_layers
             else:
                 for layer in range(self.n_layers):
                     if self.n_summarized[layer] == index:
-                        self.summaries[layer][:, index] = summaries[layer]
+                        self._summary_store[:, layer, :, index] = summaries[:, layer]
                         self.n_summarized[layer] = index + 1
         if self._absent.shape[1] <= index:
             grown = torch.zeros(self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool)

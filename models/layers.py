@@ -115,6 +115,11 @@ class RotaryEmbedding:
             return self._low[0][start:start + n], self._low[1][start:start + n]
         return self.cos_sin(torch.arange(start, start + n))
 
+    def rotate_back(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x [..., T, D] rotated at positions start..start+T-1, rotated back to position 0."""
+        cos, sin = self.cos_sin_range(start, x.shape[-2])
+        return apply_rope(x, cos, -sin)
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [..., T, D] by angles whose cos, sin broadcast to it ([T, R] or [..., T, R]).

@@ -130,7 +130,7 @@ class Transformer(nn.Module):
         c = self.config
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size=settings.block_size,
                        dtype=self.embed_tokens.weight.dtype, capacity=capacity, settings=settings,
-                       storage_dir=storage_dir)
+                       storage_dir=storage_dir, rope=self.rope)
 
     @torch.no_grad()  # not inference_mode: the caller's cache must stay writable outside forward
     def forward(self, tokens: torch.Tensor, cache: KVCache, *, all_logits: bool = False) -> torch.Tensor:

@@ -6,6 +6,13 @@ sparse query selects (sink and top-k) are re-rotated to sit one after another ju
 its local window, so the largest distance the model sees is `(sink + topk + local) * B`,
 not the input's length; before it, MSA attends at true positions.
 
+Which blocks a query selects comes from Quest's bound over block summaries, in one of two frames
+(`KVCache.block_summaries`). A document's tokens score the keys as stored, so that RoPE's decay
+favours recent blocks, as a dense read would. The question and the answer score by content: keys
+and queries rotated back to position 0 (`KVCache.score_frame`), since a far block is read at a
+bounded distance, never at its true one; scored at their true distances, a pass key 30K tokens
+back lost to filler (README has the figures).
+
 A single sparse query (a decode step) takes msa_decode.py's path, which computes the same
 attention in far fewer operations and shares one layer's selection with the layers after it
 (`settings.selection_layer`).
@@ -57,30 +64,34 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
         parts.append(dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start))
     if n_dense < tq:
         start = q_start + n_dense
-        summaries = cache.block_summaries(layer, keys.shape[1])
         n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))   # queries at true positions
         if n_true:
             q_true = q[:, n_dense:n_dense + n_true]
-            idx = _chosen(q_true, start, summaries, cache, layer)
+            idx = _chosen(q_true, start, cache, layer)
             cache.load_blocks(layer, idx)
             parts.append(_sparse(q_true, start, keys, values, idx, cache.block_size))
         if n_dense + n_true < tq:
             q_moved = q[:, n_dense + n_true:]
-            idx = _chosen(q_moved, start + n_true, summaries, cache, layer)
+            idx = _chosen(q_moved, start + n_true, cache, layer)
             cache.load_blocks(layer, idx)
             parts.append(_sparse_repositioned(q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _chosen(q, q_start, summaries, cache: KVCache, layer: int):
-    """Selected blocks [Hkv, n_qblocks, K] of a chunk; for a chunk of the question
-    (`cache.question_from`) the selection layer's union over KV heads, which the layers after it
-    read again (msa_decode.py does the same for every decode step)."""
-    def choose():
-        return _select(q, q_start, summaries, cache.settings, cache.block_size)
-
+def _chosen(q, q_start, cache: KVCache, layer: int):
+    """Selected blocks [Hkv, n_qblocks, K] of a chunk. A document's chunk scores blocks as the keys
+    are stored; a chunk of the question (`cache.question_from`) scores them by content and reads
+    the selection layer's union over KV heads, which the layers after it read again (msa_decode.py
+    does the same for every decode step)."""
+    n_tokens = q_start + q.shape[1]
+    s, block_size = cache.settings, cache.block_size
     if cache.question_from is None or q_start < cache.question_from:
-        return choose()
+        return _select(q, q_start, cache.block_summaries(layer, n_tokens), s, block_size)
+
+    def choose():
+        summaries = cache.block_summaries(layer, n_tokens, by_content=True)
+        return _select(cache.score_frame(q, q_start), q_start, summaries, s, block_size)
+
     return select_shared(cache, layer, (q_start, q.shape[1]), choose, union_over_heads)
 
 

@@ -13,8 +13,10 @@ queries by block and re-rotates every selected far key (`K * B` keys). For a sin
   counter-rotated once per selected block (K small vectors) instead of rotating its B keys;
 - the query sees every selected token up to itself, so the only mask is the unused slots and
   the unwritten tail of its own block.
-With `settings.selection_layer`, the layers after it skip selection altogether: they read the
-union that the selection layer's KV heads chose (kept in `cache.shared_selection` for the step).
+Blocks are scored by content (keys and query rotated back to position 0, msa.py). With
+`settings.selection_layer`, the layers after it skip selection altogether: they read one set of
+blocks for every KV head, taken from the selection layer's heads in turn (kept in
+`cache.shared_selection` for the step).
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -34,12 +36,16 @@ def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rop
     s, block_size = cache.settings, cache.block_size
     n_tokens = q_start + 1
     hq, _, d = q.shape
-    summaries = cache.block_summaries(layer, n_tokens)                   # [Hkv, n_full, 2, D]
-    hkv = summaries.shape[0]
+    hkv = cache.n_kv_heads
     qf = q.view(hkv, hq // hkv, d).float() * d ** -0.5                   # [Hkv, G, D], scaled
-    idx, n_far, n_chosen = select_shared(
-        cache, layer, (q_start, 1), lambda: _select(qf, summaries, n_tokens, s, block_size),
-        lambda chosen: _union_of_heads(*chosen))                          # [Hkv, W]
+
+    def choose():   # by content: keys and the query rotated back to position 0 (msa.py)
+        summaries = cache.block_summaries(layer, n_tokens, by_content=True)         # [Hkv, n_full, 2, D]
+        q_scored = cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()   # scale: no matter to top-k
+        return _select(q_scored, summaries, n_tokens, s, block_size)
+
+    idx, n_far, n_chosen, _ = select_shared(cache, layer, (q_start, 1), choose,
+                                            lambda chosen: _shared_by_heads(*chosen))   # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)   # [Hkv, W, B, D]
@@ -59,7 +65,8 @@ def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rop
 def _select(qf, summaries, n_tokens, s, block_size):
     """Blocks for the query, as `select_blocks` orders them: int32 [Hkv, sink + topk + local]
     ascending, -1 padded; how many of them are far (before the local window); how many are used
-    (the same in every row; the last used one holds the query)."""
+    (the same in every row; the last used one holds the query); the top-k blocks of each KV head
+    best first, [Hkv, topk] (None when every candidate is taken)."""
     last = (n_tokens - 1) // block_size
     local_start = max(0, last - s.local_blocks + 1)
     sink_end = min(s.sink_blocks, local_start)
@@ -70,7 +77,7 @@ def _select(qf, summaries, n_tokens, s, block_size):
     idx = torch.full((hkv, width), -1, dtype=torch.int32, device=dev)
     if n_candidates <= s.topk:
         idx[:, :last + 1] = torch.arange(0, last + 1, device=dev)
-        return idx, local_start, last + 1
+        return idx, local_start, last + 1, None
     q_pos = qf.clamp(min=0)
     parts = torch.stack([(qf - q_pos).sum(1), q_pos.sum(1)], dim=1)            # [Hkv, 2, D]: (neg, pos)
     candidates = summaries[:, sink_end:local_start].reshape(hkv, n_candidates, -1)   # [Hkv, n, 2D] (min, max)
@@ -82,12 +89,14 @@ def _select(qf, summaries, n_tokens, s, block_size):
         full[:, sink_end:] = scores
         idx = select_blocks(full, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
                             local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
+        ranked = scores.argsort(dim=1, descending=True, stable=True)[:, :s.topk]     # ties: the lower block first
     else:
+        ranked = best.indices
         idx[:, :sink_end] = torch.arange(sink_end, device=dev)
         idx[:, sink_end:sink_end + s.topk] = best.indices.sort(dim=1).values + sink_end
         idx[:, sink_end + s.topk:sink_end + s.topk + last + 1 - local_start] = torch.arange(local_start, last + 1, device=dev)
     n_far = sink_end + s.topk
-    return idx, n_far, n_far + last + 1 - local_start
+    return idx, n_far, n_far + last + 1 - local_start, ranked + sink_end
 
 
 def select_shared(cache: KVCache, layer: int, key: tuple, choose, union):
@@ -114,11 +123,19 @@ def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _union_of_heads(idx, n_far, n_chosen):
-    """`union_over_heads` for one query: the local window stays, the far blocks grow."""
-    union = union_over_heads(idx[:, None])[:, 0]
-    n_union = union.shape[1]
-    return union, n_union - (n_chosen - n_far), n_union
+def _shared_by_heads(idx, n_far, n_chosen, ranked):
+    """One selection for every KV head of a decode step, as wide as each head's own: the sink,
+    the local window, and `topk` far blocks taken from the heads in turn, best first (every
+    head's best block, then every head's second best, ...). The whole union of the heads' choices
+    (what a question chunk shares) would make every later layer read up to Hkv times as many
+    blocks at every step."""
+    if ranked is None:                                   # every candidate taken: the heads agree
+        return idx, n_far, n_chosen, None
+    topk = ranked.shape[1]
+    taken = list(dict.fromkeys(ranked.T.reshape(-1).tolist()))[:topk]   # rank-major, first occurrences
+    row = idx[0].clone()
+    row[n_far - topk:n_far] = torch.tensor(sorted(taken), dtype=row.dtype, device=row.device)
+    return row.expand(idx.shape[0], -1), n_far, n_chosen, None
 
 
 def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_size: int):

@@ -10,6 +10,7 @@ import torch
 from conftest import assert_close
 from test_msa_attention import _repositioned_reference
 from msa_models import msa
+from msa_kernels import block_summaries, score_blocks
 from msa_models.attention_settings import AttentionSettings
 from msa_models.kv_cache import KVCache
 from msa_models.layers import RotaryEmbedding, apply_rope
@@ -21,11 +22,12 @@ def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, cons
            **settings):
     """A cache holding n_tokens of rotated keys (the query's own included) in each layer, with
     the last layer's pre-rotation keys for the reference (`constant_keys`: every cached key all
-    ones). Only layer 0 selects its own blocks unless `selection_layer` is given."""
+    ones, and blocks scored as stored, so that they tie exactly). Only layer 0 selects its own blocks unless `selection_layer` is given."""
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
     s = AttentionSettings(mode="msa", block_size=block, **{"selection_layer": None, **settings})
-    cache = KVCache(n_layers, hkv, d, block_size=block, dtype=dtype, capacity=n_tokens, settings=s)
+    cache = KVCache(n_layers, hkv, d, block_size=block, dtype=dtype, capacity=n_tokens, settings=s,
+                    rope=None if constant_keys else rope)
     for layer in range(n_layers):
         k_pre, v = torch.randn(hkv, n_tokens, d), torch.randn(hkv, n_tokens, d)
         cos, sin = rope.cos_sin(torch.arange(n_tokens))
@@ -49,8 +51,8 @@ def _reference_general(q, cache, rope, n_tokens, layer=0, idx=None):
     s, block = cache.settings, cache.block_size
     q_start = n_tokens - 1
     keys, values = cache.k[layer][:, :n_tokens], cache.v[layer][:, :n_tokens]
-    summaries = cache.block_summaries(layer, n_tokens)
-    idx = msa._select(q, q_start, summaries, s, block) if idx is None else idx
+    summaries = cache.block_summaries(layer, n_tokens, by_content=True)   # the one-query path scores by content
+    idx = msa._select(cache.score_frame(q, q_start), q_start, summaries, s, block) if idx is None else idx
     if q_start >= s.bounded_from:
         return idx, msa._sparse_repositioned(q, q_start, keys, values, idx, s, block, rope)
     return idx, msa._sparse(q, q_start, keys, values, idx, block)
@@ -61,8 +63,8 @@ def test_one_query_path_equals_the_general_path(n_tokens, heads, kv_heads, setti
     cache, rope, _, _ = _cache(n_tokens, hkv=kv_heads, **settings)
     q = torch.randn(heads, 1, 16)
     want_idx, want = _reference_general(q, cache, rope, n_tokens)
-    qf = q.view(kv_heads, heads // kv_heads, 16) * 16 ** -0.5
-    idx, n_far, n_used = decode_select(qf, cache.block_summaries(0, n_tokens), n_tokens, cache.settings, 16)
+    qf = cache.score_frame(q, n_tokens - 1).view(kv_heads, heads // kv_heads, 16)
+    idx, n_far, n_used, _ = decode_select(qf, cache.block_summaries(0, n_tokens, by_content=True), n_tokens, cache.settings, 16)
     assert torch.equal(idx, want_idx[:, 0])
     assert n_used == int((idx[0] >= 0).sum()) and n_far == int(((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum())
     got = decode_attend(q, cache, 0, n_tokens - 1, rope)
@@ -75,9 +77,26 @@ def test_one_query_path_equals_the_reference_of_bounded_positions():
     q_pre = torch.randn(6, 1, 16)
     qcos, qsin = rope.cos_sin(torch.tensor([332]))
     q = apply_rope(q_pre, qcos, qsin)
-    idx = msa._select(q, 332, cache.block_summaries(0, 333), cache.settings, 16)
+    idx = msa._select(cache.score_frame(q, 332), 332, cache.block_summaries(0, 333, by_content=True), cache.settings, 16)
     want = _repositioned_reference(q_pre, k_pre, v, idx, 332, 16, 2, rope)
     assert_close(decode_attend(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference")
+
+
+def test_blocks_are_summarized_as_stored_and_by_content():
+    """By content (keys rotated back to position 0), the same keys at two positions summarize
+    alike; as stored (rotated at their true positions), they differ."""
+    cache, rope, k_pre, _ = _cache(640, topk=3)
+    assert_close(cache.block_summaries(0, 640, by_content=True), block_summaries(k_pre, 16, "minmax"), atol=1e-5,
+                 what="summaries of the keys before RoPE")
+    assert torch.equal(cache.block_summaries(0, 640), block_summaries(cache.k[0][:, :640], 16, "minmax"))
+    same = k_pre[:, 48:64].repeat(1, 40, 1)                                         # block 3's keys, 40 times
+    cos, sin = rope.cos_sin(torch.arange(640))
+    moved = KVCache(1, 2, 16, block_size=16, capacity=640, settings=cache.settings, rope=rope)
+    moved.write(0, apply_rope(same, cos, sin), same)
+    summaries = moved.block_summaries(0, 640, by_content=True)
+    assert_close(summaries[:, 37], summaries[:, 3], atol=1e-5, what="block 37 against block 3")
+    as_stored = moved.block_summaries(0, 640)
+    assert (as_stored[:, 37] - as_stored[:, 3]).abs().max() > 0.1
 
 
 def test_ties_at_the_cut_off_go_to_the_lower_block():
@@ -85,8 +104,8 @@ def test_ties_at_the_cut_off_go_to_the_lower_block():
     cache, rope, _, _ = _cache(400, constant_keys=True, topk=3, bounded_from=0)
     q = torch.randn(6, 1, 16)
     want_idx, want = _reference_general(q, cache, rope, 400)
-    qf = q.view(2, 3, 16)
-    idx, _, _ = decode_select(qf, cache.block_summaries(0, 400), 400, cache.settings, 16)
+    qf = cache.score_frame(q, 399).view(2, 3, 16)
+    idx, _, _, _ = decode_select(qf, cache.block_summaries(0, 400, by_content=True), 400, cache.settings, 16)
     assert torch.equal(idx, want_idx[:, 0])
     assert idx[0, :4].tolist() == [0, 1, 2, 3]        # the sink, then the three lowest candidates
     assert_close(decode_attend(q, cache, 0, 399, rope), want, atol=1e-5, what="with ties")
@@ -100,7 +119,7 @@ def test_partial_rope_and_bf16_cache():
     cos, sin = rope.cos_sin(torch.arange(290))
     keys = apply_rope(k_pre, cos, sin).bfloat16()
     s = AttentionSettings(mode="msa", block_size=16, topk=3, bounded_from=0)
-    cache = KVCache(1, 2, d, block_size=16, dtype=torch.bfloat16, capacity=290, settings=s)
+    cache = KVCache(1, 2, d, block_size=16, dtype=torch.bfloat16, capacity=290, settings=s, rope=rope)
     cache.write(0, keys, v.bfloat16())
     q = torch.randn(6, 1, d).bfloat16()
     want_idx, want = _reference_general(q, cache, rope, 290)
@@ -113,28 +132,43 @@ def test_restored_blocks_are_read_only_when_selected():
     n = 320
     cache, rope, _, _ = _cache(n, topk=2, bounded_from=0)
     cache.advance(n)
-    restored = KVCache(1, 2, 16, block_size=16, capacity=n, settings=cache.settings)
+    restored = KVCache(1, 2, 16, block_size=16, capacity=n, settings=cache.settings, rope=rope)
     for b in range(n // 16):
         restored.import_block(b, cache.export_block(b))
     q = torch.randn(6, 1, 16)
     got = decode_attend(q, restored, 0, n - 1, rope)
-    idx, _, _ = decode_select(q.view(2, 3, 16), cache.block_summaries(0, n), n, cache.settings, 16)
+    idx, _, _, _ = decode_select(cache.score_frame(q, n - 1).view(2, 3, 16), cache.block_summaries(0, n, by_content=True), n, cache.settings, 16)
     assert restored.unread_blocks == n // 16 - len(idx.unique())      # sink, top 2 and local of 20
     assert torch.equal(got, decode_attend(q, cache, 0, n - 1, rope))
 
 
-def test_layers_after_the_selection_layer_read_its_union_of_heads():
+def _taken_in_turn(q, cache, layer, n, topk, sink, local):
+    """The reference of a decode step's shared far blocks: each KV head ranks the candidates
+    between the sink and the local window by the general Quest score (ties: lower block first);
+    blocks are taken rank by rank, head by head, skipping repeats, until topk are taken."""
+    scores = score_blocks(cache.score_frame(q, n - 1)[:, 0], cache.block_summaries(layer, n, by_content=True))   # [Hkv, n_full]
+    first_local = (n - 1) // 16 - local + 1
+    ranked = [sorted(range(sink, first_local), key=lambda b: (-float(row[b]), b)) for row in scores]
+    taken = []
+    for rank in range(first_local - sink):
+        for head in ranked:
+            if head[rank] not in taken and len(taken) < topk:
+                taken.append(head[rank])
+    return sorted(taken)
+
+
+def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
     n = 300
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     queries = [torch.randn(6, 1, 16) for _ in range(3)]
-    own = [msa._select(q, n - 1, cache.block_summaries(layer, n), cache.settings, 16)[:, 0]
+    own = [msa._select(cache.score_frame(q, n - 1), n - 1, cache.block_summaries(layer, n, by_content=True), cache.settings, 16)[:, 0]
            for layer, q in enumerate(queries)]                        # [Hkv, sink + topk + local] each
-    far = own[1][:, :4].unique()                                          # sink and top 3 of either head
-    union = torch.cat([far, own[1][0, 4:]]).expand(2, -1)[:, None]
-    assert union.shape[-1] > own[1].shape[-1]                             # the heads chose differently
-    assert not torch.equal(own[2], union[:, 0, :own[2].shape[-1]])       # and layer 2 would choose otherwise
+    far = _taken_in_turn(queries[1], cache, 1, n, topk=3, sink=1, local=1)
+    shared = torch.tensor([0, *far, (n - 1) // 16], dtype=own[1].dtype).expand(2, -1)[:, None]
+    assert not torch.equal(own[1][0], own[1][1])                          # the heads chose differently
+    assert not torch.equal(own[2], shared[:, 0])                          # and layer 2 would choose otherwise
     for layer, q in enumerate(queries):
-        _, want = _reference_general(q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else union)
+        _, want = _reference_general(q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else shared)
         assert_close(decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}")
 
 
@@ -152,7 +186,9 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     cache.question_from = question_from
     queries = [torch.randn(6, tq, 16) for _ in range(3)]
-    own = [msa._select(q, n - tq, cache.block_summaries(layer, n), cache.settings, 16)
+    in_question = question_from is not None          # a question's chunk scores by content, a document's as stored
+    own = [msa._select(cache.score_frame(q, n - tq) if in_question else q, n - tq,
+                       cache.block_summaries(layer, n, by_content=in_question), cache.settings, 16)
            for layer, q in enumerate(queries)]                          # [Hkv, 2, sink + topk + local]
     rows = [torch.unique(own[1][:, j][own[1][:, j] >= 0]) for j in range(2)]
     union = torch.full((2, 2, max(map(len, rows))), -1, dtype=own[1].dtype)

@@ -36,8 +36,8 @@ def test_the_question_selects_the_needles_block(embedded, depth):
 
     def check(layer, q, q_start):
         n = q_start + q.shape[1]
-        summaries = cache.block_summaries(layer, n)
-        idx = _select(q, q_start, summaries, cache.settings, cache.block_size)     # [Hkv, nq, K]
+        summaries = cache.block_summaries(layer, n, by_content=True)    # the question scores by content
+        idx = _select(cache.score_frame(q, q_start), q_start, summaries, cache.settings, cache.block_size)  # [Hkv, nq, K]
         hits.append((idx[:, -1] == needle_block).any(dim=-1).float().mean().item())
 
     cache.observe_queries = check

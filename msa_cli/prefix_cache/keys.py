@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 # Bump when the layout of a block file (its tensors or metadata) changes: old files are then
 # never looked up (the root key changes) and refused if met (their metadata says so).
-FORMAT_VERSION = 2
+# 3: block summaries of keys rotated back to position 0, and the K/V computed with them.
+FORMAT_VERSION = 3
 
 
 def _sha256(text: str) -> str:
