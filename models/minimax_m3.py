@@ -211,6 +211,7 @@ class MiniMaxM3(Transformer):
         base = super().new_cache(0, settings)
         c = self.config
         return IndexedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size=base.block_size,
-                              dtype=base.dtype, capacity=capacity, settings=base.settings, storage_dir=storage_dir, rope=base.rope,
+                              dtype=base.dtype, capacity=capacity, settings=base.settings, storage_dir=storage_dir,
+                              rope=base.rope,
                               index_layers=[i for i, kind in enumerate(c.layer_types) if kind == SPARSE],
                               index_head_dim=c.index_head_dim)
