@@ -22,7 +22,8 @@ def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, cons
            **settings):
     """A cache holding n_tokens of rotated keys (the query's own included) in each layer, with
     the last layer's pre-rotation keys for the reference (`constant_keys`: every cached key all
-    ones, and blocks scored as stored, so that they tie exactly). Only layer 0 selects its own blocks unless `selection_layer` is given."""
+    ones, and blocks scored as stored, so that they tie exactly). Only layer 0 selects its own
+    blocks unless `selection_layer` is given."""
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
     s = AttentionSettings(mode="msa", block_size=block, **{"selection_layer": None, **settings})
@@ -64,7 +65,8 @@ def test_one_query_path_equals_the_general_path(n_tokens, heads, kv_heads, setti
     q = torch.randn(heads, 1, 16)
     want_idx, want = _reference_general(q, cache, rope, n_tokens)
     qf = cache.score_frame(q, n_tokens - 1).view(kv_heads, heads // kv_heads, 16)
-    idx, n_far, n_used, _ = decode_select(qf, cache.block_summaries(0, n_tokens, by_content=True), n_tokens, cache.settings, 16)
+    summaries = cache.block_summaries(0, n_tokens, by_content=True)
+    idx, n_far, n_used, _ = decode_select(qf, summaries, n_tokens, cache.settings, 16)
     assert torch.equal(idx, want_idx[:, 0])
     assert n_used == int((idx[0] >= 0).sum()) and n_far == int(((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum())
     got = decode_attend(q, cache, 0, n_tokens - 1, rope)
@@ -137,7 +139,8 @@ def test_restored_blocks_are_read_only_when_selected():
         restored.import_block(b, cache.export_block(b))
     q = torch.randn(6, 1, 16)
     got = decode_attend(q, restored, 0, n - 1, rope)
-    idx, _, _, _ = decode_select(cache.score_frame(q, n - 1).view(2, 3, 16), cache.block_summaries(0, n, by_content=True), n, cache.settings, 16)
+    qf = cache.score_frame(q, n - 1).view(2, 3, 16)
+    idx, _, _, _ = decode_select(qf, cache.block_summaries(0, n, by_content=True), n, cache.settings, 16)
     assert restored.unread_blocks == n // 16 - len(idx.unique())      # sink, top 2 and local of 20
     assert torch.equal(got, decode_attend(q, cache, 0, n - 1, rope))
 
@@ -161,7 +164,8 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
     n = 300
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     queries = [torch.randn(6, 1, 16) for _ in range(3)]
-    own = [msa._select(cache.score_frame(q, n - 1), n - 1, cache.block_summaries(layer, n, by_content=True), cache.settings, 16)[:, 0]
+    own = [msa._select(cache.score_frame(q, n - 1), n - 1, cache.block_summaries(layer, n, by_content=True),
+                       cache.settings, 16)[:, 0]
            for layer, q in enumerate(queries)]                        # [Hkv, sink + topk + local] each
     far = _taken_in_turn(queries[1], cache, 1, n, topk=3, sink=1, local=1)
     shared = torch.tensor([0, *far, (n - 1) // 16], dtype=own[1].dtype).expand(2, -1)[:, None]
