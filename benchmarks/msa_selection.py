@@ -62,11 +62,11 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
             probs = torch.softmax((q @ keys.repeat_interleave(g, 0).mT) / q.shape[-1] ** 0.5
                                   + torch.where(torch.arange(n)[None, :] <= (q_start + torch.arange(q.shape[1]))[:, None],
                                                 0.0, float("-inf")), dim=-1)            # [Hq, Tq, n]
+            frames = {"true": (keys, q), "0": (rope.rotate_back(keys, 0), rope.rotate_back(q, q_start))}
             for name in names:
-                kind, reduce = SCORINGS[name.split("@")[0]]
-                at_zero = name.endswith("@0")
-                k_scored = rope.rotate_back(keys, 0) if at_zero else keys
-                q_scored = rope.rotate_back(q, q_start) if at_zero else q
+                scoring, frame = name.split("@")
+                kind, reduce = SCORINGS[scoring]
+                k_scored, q_scored = frames[frame]
                 summaries = K.block_summaries(k_scored, block, kind)
                 scores = K.score_query_blocks(q_scored, q_start, summaries, block, kind=kind, query_reduce=reduce)
                 idx = K.select_query_blocks(scores, q_start=q_start, n_tokens=n, block_size=block, topk=topk)

@@ -167,8 +167,10 @@ class KVCache:
             first, end = done * self.block_size, n_full * self.block_size
             self.load_tokens(layer, first, end)
             keys = self.k[layer][:, first:end]
-            for frame, frame_keys in enumerate((keys, self.score_frame(keys, first))):
-                self._summary_store[frame, layer, :, done:n_full] = block_summaries(frame_keys, self.block_size, "minmax")
+            as_stored = block_summaries(keys, self.block_size, "minmax")
+            of_content = as_stored if self.rope is None else block_summaries(self.score_frame(keys, first),
+                                                                            self.block_size, "minmax")
+            self._summary_store[:, layer, :, done:n_full] = torch.stack([as_stored, of_content])
             self.n_summarized[layer] = n_full
         return self._summary_store[int(by_content), layer, :, :n_full]
 

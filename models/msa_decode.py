@@ -99,16 +99,17 @@ def _select(qf, summaries, n_tokens, s, block_size):
     return idx, n_far, n_far + last + 1 - local_start, ranked + sink_end
 
 
-def select_shared(cache: KVCache, layer: int, key: tuple, choose, union):
+def select_shared(cache: KVCache, layer: int, key: tuple, choose, share):
     """The blocks of the queries `key` (first position, count) read in `layer`: `choose()` up to
-    `settings.selection_layer`, which keeps `union(choose())` in the cache for the layers after it."""
+    `settings.selection_layer`, which keeps `share(choose())` (one set for every KV head) in the
+    cache for the layers after it."""
     s = cache.settings
     kept = cache.shared_selection
     if s.selection_layer is not None and layer > s.selection_layer and kept is not None and kept[0] == key:
         return kept[1]
     chosen = choose()
     if layer == s.selection_layer:
-        chosen = union(chosen)
+        chosen = share(chosen)
         cache.shared_selection = (key, chosen)
     return chosen
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Bump when the layout of a block file (its tensors or metadata) changes: old files are then
 # never looked up (the root key changes) and refused if met (their metadata says so).
-# 3: block summaries of keys rotated back to position 0, and the K/V computed with them.
+# 3: block summaries in two frames (keys as stored, and rotated back to position 0).
 FORMAT_VERSION = 3
 
 
