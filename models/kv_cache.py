@@ -174,6 +174,21 @@ class KVCache:
             self.n_summarized[layer] = n_full
         return self._summary_store[int(by_content), layer, :, :n_full]
 
+    def content_summaries(self, n_tokens: int) -> torch.Tensor:
+        """Every layer's summaries by content, [L, Hkv, n_blocks of the store, 2, D], with those
+        of the full blocks among the first `n_tokens` computed (the rest are not meaningful)."""
+        n_full = n_tokens // self.block_size
+        for layer in range(self.n_layers):
+            if self.n_summarized[layer] < n_full:
+                self.block_summaries(layer, n_tokens)
+        return self._summary_store[1]
+
+    @property
+    def absent_blocks(self) -> torch.Tensor:
+        """bool [L, n]: blocks restored by `import_block` that a layer has not copied in yet
+        (blocks past n are all present); `load_blocks` copies them in."""
+        return self._absent
+
     def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """Keys or queries x [..., T, D] at positions first_position.. as blocks are scored by
         content: rotated back to position 0 when the cache has the model's RoPE, else as they are."""

@@ -12,6 +12,7 @@ from msa_kernels.dense import dense_attention_sdpa
 
 from .config import ModelConfig
 from .attention_settings import AttentionSettings
+from .fused_decode import cache_fits, decode_hidden, fused_step
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
 from .msa import attend
@@ -139,6 +140,9 @@ class Transformer(nn.Module):
         Returns logits [T, vocab] with `all_logits`, else only the last token's [vocab]
         (prefill then skips the large vocabulary projection for every other token).
         """
+        if tokens.shape[0] == 1 and cache_fits(cache) and (step := fused_step(self)) is not None:
+            logits = self.lm_head(self.norm(decode_hidden(self, step, tokens, cache))).float()
+            return logits[None] if all_logits else logits
         start = cache.length
         cos, sin = self.rope.cos_sin_range(start, tokens.shape[0])
         x = self.embed_tokens(tokens)                                      # [T, hidden]

@@ -31,6 +31,7 @@ class LoadedModel:
     digest: str                    # of the weights as they compute: file, quantization and dtype
     source: str
     quantization: str | None = None   # "int8", "int4" or None (floating point)
+    per_op_reason: str | None = None  # why decode steps run op by op (None: the fused step, or not prepared)
 
     @property
     def config(self):

@@ -233,7 +233,8 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     return (f"model {loaded.name} ({loaded.source}), loaded in {load_s:.2f} s; {n_threads} threads; "
             f"attention {attention.mode}, top-k {attention.topk}, block size {block}, "
             f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
-            f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}")
+            f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode "
+            f"{'in one fused CPU step' if loaded.per_op_reason is None else f'op by op ({loaded.per_op_reason})'}")
 
 
 def _connect(server: str, api_key: Optional[str], timeout: float, model: str):

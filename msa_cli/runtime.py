@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ _loaded: dict = {}
 def load(model: str, *, cache: str | None = None, quant: str | None = None, dtype: str = "fp32"):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds)."""
     from msa_models import load_model
+    from msa_models.fused_decode import prepare
 
     from .paths import quantized_models_dir
 
@@ -47,8 +49,13 @@ def load(model: str, *, cache: str | None = None, quant: str | None = None, dtyp
     key = (model, quant, dtype)
     if key not in _loaded:
         root = _writable_or_none(converted_models_dir(cache_dir(cache)))
-        _loaded[key] = load_model(model, converted_root=root, quant=quant, dtype=dtype,
-                                  quantized_root=quantized_models_dir())
+        loaded = load_model(model, converted_root=root, quant=quant, dtype=dtype, quantized_root=quantized_models_dir())
+        # the fused CPU decode step, built now rather than at the first answer token; the first
+        # time on a machine it compiles, which says so (stderr: pipes stay clean)
+        loaded.per_op_reason = prepare(loaded.model, on_build=lambda: print(
+            "msa: building the fused CPU decode step for this machine (once, under a minute)",
+            file=sys.stderr, flush=True))
+        _loaded[key] = loaded
     return _loaded[key], time.perf_counter() - start
 
 

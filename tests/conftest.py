@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.cpp_extension import get_default_build_root
 
 EMBEDDED = "smollm2-135m"
+
+# The fused decode step's C++ build, shared by every test and every `msa` process the tests
+# start, whatever home they get: resolved once, before the per-test homes below.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", get_default_build_root())
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,8 @@ def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
     out = json.loads(result.stdout)
     model_line, figures = result.stderr.splitlines()
     assert model_line.startswith(f"msa: model smollm2-135m ({embedded.source}), loaded in ")
-    assert model_line.endswith("; 2 threads; attention auto, top-k 8, block size the model's, 1 local block")
+    assert model_line.endswith("; 2 threads; attention auto, top-k 8, block size the model's, 1 local block; "
+                              "decode in one fused CPU step")
     assert figures.startswith(f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "
                               f"{out['prefill_tokens']:,} read in ")
     assert figures.endswith(f"; {out['generated_tokens']} written at {out['decode_tok_s']:,.1f} tok/s; "

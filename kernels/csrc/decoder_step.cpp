@@ -1,0 +1,486 @@
+// One decode step (one new token) through a stack of pre-norm GQA decoder layers, on the CPU,
+// in one call: RMSNorm -> fused QKV -> rotate-half RoPE -> append K/V -> attention (dense, or
+// MSA: block selection over the cache's summaries, then the selected blocks) -> O -> residual
+// -> RMSNorm -> fused gate/up -> SiLU-GLU -> down -> residual, layer after layer.
+//
+// Why: a decode step of a small model is ~30 layers x ~15 small ops, and from Python each op
+// costs more in dispatch than in arithmetic (the embedded model: ~17 ms a step, of which the
+// weight products are ~4 ms). Here the products still go to PyTorch's own kernels (fp32 `mv`,
+// `_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`); everything between them is a loop
+// over a few hundred floats. The definitions this must match are in decoder_step.py
+// (`decoder_step_reference`, `msa_decode_reference`).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+enum Kind : int64_t { FP32 = 0, INT8 = 1, INT4 = 2 };
+
+// A linear map y = W x in one of three weight formats (see quantize.py for the int formats).
+struct Linear {
+  int64_t kind = FP32;
+  at::Tensor a;       // fp32 weight [N, K] | int8 weight [N, K] | int4 packed weight
+  at::Tensor b;       // -                  | bf16 scales [N]    | bf16 scales_zeros [K/g, N, 2]
+  int64_t group = 0;  // int4 group size
+  int64_t in = 0, out = 0;
+
+  // y[0..out) = W x[0..in); the int kernels take bf16 activations and give bf16 back.
+  void apply(const float* x, float* y) const {
+    if (kind == FP32) {
+      at::Tensor xt = at::from_blob(const_cast<float*>(x), {in}, at::kFloat);
+      at::Tensor yt = at::from_blob(y, {out}, at::kFloat);
+      at::mv_out(yt, a, xt);
+      return;
+    }
+    at::Tensor xb = at::empty({1, in}, at::kBFloat16);
+    auto* xp = xb.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < in; ++i) xp[i] = at::BFloat16(x[i]);
+    at::Tensor yb = kind == INT8 ? at::_weight_int8pack_mm(xb, a, b) : at::_weight_int4pack_mm_for_cpu(xb, a, group, b);
+    const auto* yp = yb.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < out; ++i) y[i] = static_cast<float>(yp[i]);
+  }
+};
+
+struct Layer {
+  at::Tensor norm_in, norm_post;  // fp32 [hidden]
+  Linear qkv, o, gate_up, down;
+};
+
+// How the cache's attention reads it (AttentionSettings, resolved for this cache).
+struct Settings {
+  int64_t sparse_from, bounded_from, block_size, topk, local_blocks, sink_blocks, selection_layer;
+};
+
+// The blocks one KV head reads: ascending ids, the first n_far of them before the local window.
+struct Selection {
+  std::vector<int64_t> blocks;
+  int64_t n_far = 0;
+  std::vector<int64_t> ranked;  // its top-k far blocks, best first (empty: every candidate taken)
+};
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+// Rotate-half RoPE of `heads` vectors of width d by angles with cos, sin [d] (sign -1: back).
+void rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin, float sign = 1.f) {
+  const int64_t half = d / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * d;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - sign * b * sin[i];
+      v[i + half] = b * cos[i + half] + sign * a * sin[i + half];
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// e^x for the softmax's x <= 0, in a form the compiler vectorizes (std::exp is a scalar call):
+// x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to r^6 (relative error < 2e-7).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::floor(x * 1.44269504f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float e = 1.f / 720.f;
+  e = e * r + 1.f / 120.f;
+  e = e * r + 1.f / 24.f;
+  e = e * r + 1.f / 6.f;
+  e = e * r + 0.5f;
+  e = e * r + 1.f;
+  e = e * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return e * scale;
+}
+
+// A run of cached tokens that one query reads with one rotation: tokens [start, start + len) of
+// a KV head, the query counter-rotated by `shift` tokens first (0: as it is).
+struct Segment {
+  int64_t start, len, shift;
+};
+
+// The softmax state of G query heads over part of the tokens: running max m, sum l, and the
+// unnormalized output o [G, D]; parts of one KV head merge by log-sum-exp.
+struct Partial {
+  std::vector<float> m, l, o;
+};
+
+// Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
+// ([cap, D] rows), as a Partial. p: scratch of at least G * (tokens in segs).
+Partial attend_segments(const float* q, int64_t g, int64_t d, const float* k, const float* v,
+                        const Segment* segs, int64_t n_segs, float scale, const double* inv_freq, float* p) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_segs; ++i) n += segs[i].len;
+  std::vector<float> qm(static_cast<size_t>(g * d)), cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
+  const int64_t half = d / 2;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n_segs; ++i) {
+    const Segment& seg = segs[i];
+    const float* qs = q;
+    if (seg.shift != 0) {
+      for (int64_t c = 0; c < half; ++c) {
+        const double a = static_cast<double>(seg.shift) * inv_freq[c];
+        cs[c] = cs[c + half] = static_cast<float>(std::cos(a));
+        sn[c] = sn[c + half] = static_cast<float>(std::sin(a));
+      }
+      std::copy(q, q + g * d, qm.begin());
+      rope(qm.data(), g, d, cs.data(), sn.data(), -1.f);
+      qs = qm.data();
+    }
+    for (int64_t t = 0; t < seg.len; ++t) {
+      const float* kr = k + (seg.start + t) * d;
+      for (int64_t j = 0; j < g; ++j) p[j * n + at + t] = dot(qs + j * d, kr, d) * scale;
+    }
+    at += seg.len;
+  }
+  Partial part{std::vector<float>(static_cast<size_t>(g)), std::vector<float>(static_cast<size_t>(g)),
+               std::vector<float>(static_cast<size_t>(g * d), 0.f)};
+  for (int64_t j = 0; j < g; ++j) {
+    float* pj = p + j * n;
+    const float m = *std::max_element(pj, pj + n);
+    float l = 0.f;
+#pragma omp simd reduction(+ : l)
+    for (int64_t t = 0; t < n; ++t) {
+      pj[t] = exp_nonpositive(pj[t] - m);
+      l += pj[t];
+    }
+    part.m[j] = m;
+    part.l[j] = l;
+  }
+  at = 0;
+  for (int64_t i = 0; i < n_segs; ++i) {
+    for (int64_t t = 0; t < segs[i].len; ++t) {
+      const float* vr = v + (segs[i].start + t) * d;
+      for (int64_t j = 0; j < g; ++j) {
+        const float w = p[j * n + at + t];
+        float* o = part.o.data() + j * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) o[c] += w * vr[c];
+      }
+    }
+    at += segs[i].len;
+  }
+  return part;
+}
+
+// Attention of one token's query heads q [Hq, D] over each KV head's segments of the stores
+// [Hkv, cap, D], out [Hq, D]. The work is cut into pieces of about `piece` tokens (whole
+// segments) spread over the threads, then merged per KV head (flash-decoding).
+void attend(const float* q, const float* k, const float* v, int64_t cap, const std::vector<std::vector<Segment>>& segs,
+            int64_t n_heads, int64_t d, float scale, const double* inv_freq, float* out) {
+  const int64_t n_kv_heads = static_cast<int64_t>(segs.size());
+  const int64_t g = n_heads / n_kv_heads;
+  int64_t total = 0;
+  for (const auto& head : segs)
+    for (const Segment& seg : head) total += seg.len;
+  const int64_t piece = std::max<int64_t>(64, total / (4 * at::get_num_threads()) + 1);
+  struct Item {
+    int64_t head, first, count, tokens;
+  };
+  std::vector<Item> items;
+  for (int64_t h = 0; h < n_kv_heads; ++h) {
+    const auto& head = segs[h];
+    for (size_t i = 0; i < head.size();) {
+      Item it{h, static_cast<int64_t>(i), 0, 0};
+      while (i < head.size() && (it.count == 0 || it.tokens + head[i].len <= piece)) {
+        it.tokens += head[i].len;
+        ++it.count;
+        ++i;
+      }
+      items.push_back(it);
+    }
+  }
+  std::vector<Partial> parts(items.size());
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
+    std::vector<float> p;
+    for (int64_t i = first; i < last; ++i) {
+      const Item& it = items[i];
+      p.resize(static_cast<size_t>(g * it.tokens));
+      parts[i] = attend_segments(q + it.head * g * d, g, d, k + it.head * cap * d, v + it.head * cap * d,
+                                 segs[it.head].data() + it.first, it.count, scale, inv_freq, p.data());
+    }
+  });
+  for (int64_t h = 0; h < n_kv_heads; ++h)
+    for (int64_t j = 0; j < g; ++j) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (size_t i = 0; i < items.size(); ++i)
+        if (items[i].head == h) m = std::max(m, parts[i].m[j]);
+      float l = 0.f;
+      float* o = out + (h * g + j) * d;
+      std::fill(o, o + d, 0.f);
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].head != h) continue;
+        const float w = std::exp(parts[i].m[j] - m);
+        l += w * parts[i].l[j];
+        const float* po = parts[i].o.data() + j * d;
+        for (int64_t c = 0; c < d; ++c) o[c] += w * po[c];
+      }
+      for (int64_t c = 0; c < d; ++c) o[c] /= l;
+    }
+}
+
+// MSA selection of one KV head for the token at `pos`, from the content-frame query heads
+// q0 [G, D] (before RoPE) and the layer's content summaries of that head [n_blocks, 2, D]
+// (min, max): the sink, the top-k blocks between the sink and the local window by the Quest
+// bound summed over the G heads (ties: the lower block), and the local window.
+Selection select_head(const float* q0, int64_t g, int64_t d, const float* summaries, int64_t pos, const Settings& s) {
+  const int64_t last = pos / s.block_size;
+  const int64_t local_start = std::max<int64_t>(0, last - s.local_blocks + 1);
+  const int64_t sink_end = std::min(s.sink_blocks, local_start);
+  const int64_t n_candidates = local_start - sink_end;
+  Selection sel;
+  if (n_candidates <= s.topk) {
+    sel.blocks.resize(static_cast<size_t>(last + 1));
+    std::iota(sel.blocks.begin(), sel.blocks.end(), 0);
+    sel.n_far = local_start;
+    return sel;
+  }
+  std::vector<float> neg(static_cast<size_t>(d), 0.f), pos_part(static_cast<size_t>(d), 0.f);
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t i = 0; i < d; ++i) {
+      const float x = q0[j * d + i];
+      (x > 0.f ? pos_part : neg)[i] += x;
+    }
+  std::vector<float> scores(static_cast<size_t>(n_candidates));
+  for (int64_t c = 0; c < n_candidates; ++c) {
+    const float* mm = summaries + (sink_end + c) * 2 * d;
+    scores[c] = dot(neg.data(), mm, d) + dot(pos_part.data(), mm + d, d);
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n_candidates));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + s.topk, order.end(), [&](int64_t a, int64_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  for (int64_t r = 0; r < s.topk; ++r) sel.ranked.push_back(order[r] + sink_end);
+  for (int64_t b = 0; b < sink_end; ++b) sel.blocks.push_back(b);
+  std::vector<int64_t> top(sel.ranked);
+  std::sort(top.begin(), top.end());
+  sel.blocks.insert(sel.blocks.end(), top.begin(), top.end());
+  for (int64_t b = local_start; b <= last; ++b) sel.blocks.push_back(b);
+  sel.n_far = sink_end + s.topk;
+  return sel;
+}
+
+// One selection for every KV head, as wide as one head's: the heads' top-k taken in turn (every
+// head's best, then every head's second best, ...), first occurrences, `topk` of them.
+Selection share_by_heads(const std::vector<Selection>& heads, const Settings& s) {
+  const Selection& first = heads[0];
+  if (first.ranked.empty()) return first;
+  std::vector<int64_t> taken;
+  for (size_t r = 0; r < first.ranked.size() && static_cast<int64_t>(taken.size()) < s.topk; ++r)
+    for (const Selection& h : heads) {
+      const int64_t b = h.ranked[r];
+      if (std::find(taken.begin(), taken.end(), b) == taken.end() && static_cast<int64_t>(taken.size()) < s.topk)
+        taken.push_back(b);
+    }
+  std::sort(taken.begin(), taken.end());
+  Selection shared = first;
+  const int64_t sink_end = first.n_far - s.topk;
+  std::copy(taken.begin(), taken.end(), shared.blocks.begin() + sink_end);
+  shared.ranked.clear();
+  return shared;
+}
+
+// The segments one token reads in MSA: each selected block up to the token. Far blocks (the
+// first n_far) are read at a bounded distance when pos >= bounded_from: far slot j (block b)
+// moves forward by (window_first - b) - (n_far - j) blocks, which RoPE lets us apply to the
+// query instead of the keys (q . R(s) k = R(-s) q . k).
+std::vector<Segment> selected_segments(const Selection& sel, int64_t pos, const Settings& s) {
+  const int64_t bs = s.block_size;
+  const int64_t window_first = pos / bs - s.local_blocks + 1;
+  const bool moved = pos >= s.bounded_from && sel.n_far > 0;
+  std::vector<Segment> segs;
+  for (size_t j = 0; j < sel.blocks.size(); ++j) {
+    const int64_t b = sel.blocks[j];
+    const int64_t slot = static_cast<int64_t>(j);
+    const int64_t shift = slot < sel.n_far && moved ? (window_first - b) - (sel.n_far - slot) : 0;
+    segs.push_back({b * bs, std::min((b + 1) * bs, pos + 1) - b * bs, shift * bs});
+  }
+  return segs;
+}
+
+// The segments of a dense read of positions 0..n-1: pieces of one block size each, so that the
+// threads can share them.
+std::vector<Segment> dense_segments(int64_t n, int64_t piece) {
+  std::vector<Segment> segs;
+  for (int64_t t = 0; t < n; t += piece) segs.push_back({t, std::min(piece, n - t), 0});
+  return segs;
+}
+
+Linear make_linear(const py::tuple& spec, int64_t in, int64_t out) {
+  Linear l;
+  l.kind = spec[0].cast<int64_t>();
+  l.a = spec[1].cast<at::Tensor>();
+  l.b = spec[2].cast<at::Tensor>();
+  l.group = spec[3].cast<int64_t>();
+  l.in = in;
+  l.out = out;
+  return l;
+}
+
+class DecoderStack {
+ public:
+  DecoderStack(const std::vector<py::dict>& layers, int64_t hidden, int64_t intermediate, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, double eps, at::Tensor inv_freq)
+      : hidden_(hidden), inter_(intermediate), n_heads_(n_heads), n_kv_heads_(n_kv_heads), d_(head_dim),
+        eps_(static_cast<float>(eps)), inv_freq_(inv_freq.to(at::kDouble).contiguous()) {
+    TORCH_CHECK(inv_freq_.numel() == head_dim / 2, "inv_freq must be [head_dim / 2]");
+    const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
+    for (const auto& spec : layers) {
+      Layer l;
+      l.norm_in = spec["norm_in"].cast<at::Tensor>().contiguous();
+      l.norm_post = spec["norm_post"].cast<at::Tensor>().contiguous();
+      l.qkv = make_linear(spec["qkv"].cast<py::tuple>(), hidden, qkv);
+      l.o = make_linear(spec["o"].cast<py::tuple>(), n_heads * head_dim, hidden);
+      l.gate_up = make_linear(spec["gate_up"].cast<py::tuple>(), hidden, 2 * intermediate);
+      l.down = make_linear(spec["down"].cast<py::tuple>(), intermediate, hidden);
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  // See DecoderStep.step in decoder_step.py. Returns (-1, [], shared) when every layer ran, or
+  // (layer, blocks, shared) when `layer` selected blocks that `absent` marks as not in the
+  // stores yet: x is then as that layer found it; load the blocks and call again from it,
+  // passing `shared` back.
+  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>> step(
+      at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+      at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
+      std::vector<int64_t> settings, int64_t first_layer, std::vector<int64_t> shared_in) const {
+    TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
+    TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
+    const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
+    const bool sparse = pos >= s.sparse_from;
+    if (sparse) {
+      TORCH_CHECK(summaries.is_contiguous() && summaries.scalar_type() == at::kFloat && summaries.dim() == 5 &&
+                      summaries.size(0) == static_cast<int64_t>(layers_.size()) && summaries.size(1) == n_kv_heads_ &&
+                      summaries.size(2) >= pos / s.block_size,
+                  "summaries must be fp32 [L, Hkv, >= full blocks, 2, D]");
+      TORCH_CHECK(absent.scalar_type() == at::kBool && absent.dim() == 2 && absent.is_contiguous(),
+                  "absent must be bool [L, blocks]");
+    }
+    const int64_t qkv_width = (n_heads_ + 2 * n_kv_heads_) * d_;
+    const int64_t g = n_heads_ / n_kv_heads_;
+    std::vector<float> h(static_cast<size_t>(hidden_)), qkv(static_cast<size_t>(qkv_width));
+    std::vector<float> q0(static_cast<size_t>(n_heads_ * d_)), attn(static_cast<size_t>(n_heads_ * d_));
+    std::vector<float> gu(static_cast<size_t>(2 * inter_)), delta(static_cast<size_t>(hidden_));
+    float* xs = x.data_ptr<float>();
+    const float* c = cos.data_ptr<float>();
+    const float* sn = sin.data_ptr<float>();
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    Selection shared;
+    bool have_shared = false;
+    if (!shared_in.empty()) {
+      shared.n_far = shared_in[0];
+      shared.blocks.assign(shared_in.begin() + 1, shared_in.end());
+      have_shared = true;
+    }
+    for (size_t li = static_cast<size_t>(first_layer); li < layers_.size(); ++li) {
+      const Layer& l = layers_[li];
+      const at::Tensor& ks = keys[li];
+      const at::Tensor& vs = values[li];
+      const int64_t cap = ks.size(1);
+      TORCH_CHECK(ks.is_contiguous() && vs.is_contiguous() && ks.scalar_type() == at::kFloat &&
+                      vs.scalar_type() == at::kFloat && pos < cap && vs.size(1) == cap,
+                  "K/V stores must be contiguous fp32 [Hkv, cap, D] with room for the token");
+      rms_norm(xs, l.norm_in.data_ptr<float>(), h.data(), hidden_, eps_);
+      l.qkv.apply(h.data(), qkv.data());
+      float* q = qkv.data();
+      float* k = q + n_heads_ * d_;
+      float* v = k + n_kv_heads_ * d_;
+      std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
+      rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
+      float* kst = ks.data_ptr<float>();
+      float* vst = vs.data_ptr<float>();
+      for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh) {
+        std::copy(k + kvh * d_, k + (kvh + 1) * d_, kst + (kvh * cap + pos) * d_);
+        std::copy(v + kvh * d_, v + (kvh + 1) * d_, vst + (kvh * cap + pos) * d_);
+      }
+      if (!sparse) {
+        const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
+                                                     dense_segments(pos + 1, s.block_size));
+        attend(q, kst, vst, cap, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+      } else {
+        const int64_t layer = static_cast<int64_t>(li);
+        std::vector<Selection> sel;
+        if (s.selection_layer >= 0 && layer > s.selection_layer && have_shared) {
+          sel.assign(static_cast<size_t>(n_kv_heads_), shared);
+        } else {
+          const int64_t n_blocks = summaries.size(2);
+          const float* sums = summaries.data_ptr<float>() + layer * n_kv_heads_ * n_blocks * 2 * d_;
+          for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh)
+            sel.push_back(select_head(q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, pos, s));
+          if (layer == s.selection_layer) {
+            shared = share_by_heads(sel, s);
+            have_shared = true;
+            sel.assign(static_cast<size_t>(n_kv_heads_), shared);
+          }
+        }
+        std::vector<int64_t> missing;
+        const int64_t n_marked = absent.size(1);
+        const bool* gone = absent.data_ptr<bool>() + layer * n_marked;
+        for (const Selection& head : sel)
+          for (int64_t b : head.blocks)
+            if (b < n_marked && gone[b] && std::find(missing.begin(), missing.end(), b) == missing.end())
+              missing.push_back(b);
+        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared)};
+        std::vector<std::vector<Segment>> segs;
+        for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
+        attend(q, kst, vst, cap, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+      }
+      l.o.apply(attn.data(), delta.data());
+      for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
+      rms_norm(xs, l.norm_post.data_ptr<float>(), h.data(), hidden_, eps_);
+      l.gate_up.apply(h.data(), gu.data());
+      for (int64_t i = 0; i < inter_; ++i) {
+        const float gate = gu[i];
+        gu[i] = gate / (1.f + std::exp(-gate)) * gu[inter_ + i];
+      }
+      l.down.apply(gu.data(), delta.data());
+      for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
+    }
+    return {-1, {}, flatten(shared, have_shared)};
+  }
+
+ private:
+  static std::vector<int64_t> flatten(const Selection& shared, bool have) {
+    if (!have) return {};
+    std::vector<int64_t> out{shared.n_far};
+    out.insert(out.end(), shared.blocks.begin(), shared.blocks.end());
+    return out;
+  }
+
+  std::vector<Layer> layers_;
+  int64_t hidden_, inter_, n_heads_, n_kv_heads_, d_;
+  float eps_;
+  at::Tensor inv_freq_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<const std::vector<py::dict>&, int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
+      .def("step", &DecoderStack::step, py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,135 @@
+"""The fused decode step (models/fused_decode.py) against the per-op path it stands in for:
+a tiny random model in fp32 and int4, dense and MSA steps, restored prefix-cache blocks read
+lazily, the cases it leaves to the per-op path; and the real embedded model's greedy answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_close
+from tiny_checkpoints import tiny_model
+from msa_kernels import decoder_step
+from msa_models.attention_settings import AttentionSettings
+from msa_models.fuse import fuse_projections
+from msa_models.fused_decode import fused_step, per_op_decode
+from msa_models.quantize import quantize_model
+
+
+def _model(quant=None):
+    model = tiny_model(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    fuse_projections(model)
+    if quant:
+        quantize_model(model, quant)
+    return model
+
+
+@pytest.fixture(scope="module", params=[None, "int4"])
+def model(request):
+    m = _model(request.param)
+    assert fused_step(m) is not None, f"no fused step: {decoder_step.build_error()}"
+    return m
+
+
+def _prefilled(model, settings, n_tokens, seed=0):
+    cache = model.new_cache(capacity=n_tokens + 64, settings=settings)
+    ids = torch.randint(0, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(seed))
+    with per_op_decode(model):
+        model(ids, cache)
+    return cache
+
+
+def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: cache):
+    """Logits of the same teacher-forced tokens, fused and per-op, each from its own cache."""
+    fused_cache, per_op_cache = (prepare(_prefilled(model, settings, n_prompt)) for _ in range(2))
+    tokens = torch.randint(0, model.config.vocab_size, (n_steps,), generator=torch.Generator().manual_seed(1))
+    fused, per_op = [], []
+    for t in tokens:
+        fused.append(model(t[None], fused_cache))
+        with per_op_decode(model):
+            per_op.append(model(t[None], per_op_cache))
+    return torch.stack(fused), torch.stack(per_op), fused_cache, per_op_cache
+
+
+SETTINGS = [
+    AttentionSettings(mode="dense"),
+    AttentionSettings(mode="auto", dense_tokens=64, topk=2, selection_layer=0),
+    AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=0, selection_layer=None),
+    AttentionSettings(mode="msa", topk=2, bounded_from=None, selection_layer=1),   # true distances inside 4K
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"])
+def test_fused_steps_match_the_per_op_path(model, settings):
+    fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
+    tol = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
+    scale = per_op.abs().max()
+    assert_close(fused, per_op, atol=tol * float(scale), what="logits")
+    assert fused_cache.length == per_op_cache.length == 190
+    for layer in range(model.config.num_hidden_layers):
+        assert_close(fused_cache.k[layer][:, :190], per_op_cache.k[layer][:, :190], atol=tol * 10, what="keys")
+        assert_close(fused_cache.v[layer][:, :190], per_op_cache.v[layer][:, :190], atol=tol * 10, what="values")
+
+
+def _restored(cache):
+    """A new cache holding `cache`'s blocks as the prefix cache restores them: unread until used."""
+    fresh = type(cache)(cache.n_layers, cache.n_kv_heads, cache.head_dim, block_size=cache.block_size,
+                        dtype=cache.dtype, capacity=cache.capacity, settings=cache.settings, rope=cache.rope)
+    for index in range(-(-cache.length // cache.block_size)):
+        fresh.import_block(index, cache.export_block(index))
+    return fresh
+
+
+def test_restored_blocks_are_read_only_when_selected():
+    model = _model()
+    settings = AttentionSettings(mode="msa", topk=2, selection_layer=0)
+    fused, per_op, fused_cache, _ = _decode_both(model, settings, 320, 8, prepare=_restored)
+    assert_close(fused, per_op, atol=1e-4 * float(per_op.abs().max()), what="logits over restored blocks")
+    assert fused_cache.unread_blocks > 0, "the fused step read blocks it did not select"
+
+
+def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
+    model = _model()
+    cache = _prefilled(model, AttentionSettings(mode="msa", topk=2), 100)
+    seen = []
+    cache.observe_queries = lambda layer, q, q_start: seen.append(layer)   # sources: per-op only
+    model(torch.tensor([3]), cache)
+    assert seen == list(range(model.config.num_hidden_layers))
+    int8_cache = _prefilled(model, AttentionSettings(mode="dense", kv_dtype="int8"), 40)
+    monkeypatch.setattr(decoder_step.DecoderStep, "step", lambda *a, **k: pytest.fail("fused step on int8 K/V"))
+    model(torch.tensor([3]), int8_cache)
+
+
+def test_layers_it_does_not_describe_have_no_fused_step():
+    unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
+    assert fused_step(unfused) is None                  # separate q, k, v projections
+    partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
+    fuse_projections(partial)
+    assert fused_step(partial) is None                  # RoPE on part of the head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["auto", "msa"])
+def test_embedded_model_answers_alike_fused_and_per_op(embedded, mode):
+    """Greedy decoding of the real model: the same tokens either way, dense and MSA."""
+    from msa_cli.generate import prefill
+
+    model, tok = embedded.model, embedded.tokenizer
+    assert fused_step(model) is not None
+    text = " ".join(f"Line {i}: the {['red', 'green', 'blue'][i % 3]} lamp is number {i * 7}." for i in range(60))
+    ids = tok.encode(text + " Question: what colour is lamp 14? Answer:")
+    settings = AttentionSettings(mode=mode, topk=4)
+    answers = []
+    for fused in (True, False):
+        cache = model.new_cache(capacity=len(ids) + 32, settings=settings)
+        logits = prefill(model, cache, ids)
+        out = []
+        for _ in range(16):
+            out.append(int(logits.argmax()))
+            if fused:
+                logits = model(torch.tensor(out[-1:]), cache)
+            else:
+                with per_op_decode(model):
+                    logits = model(torch.tensor(out[-1:]), cache)
+        answers.append(out)
+    assert answers[0] == answers[1]

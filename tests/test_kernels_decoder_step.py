@@ -1,0 +1,162 @@
+"""The fused CPU decode step (C++) against its plain PyTorch definition, on tiny random layers:
+fp32, int8 and int4 weights, GQA ratios 1 and 3, dense and MSA attention (selection per layer
+or shared from a selection layer, far blocks at true or bounded distances), and blocks that
+are not in the cache yet."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from msa_kernels import decoder_step as ds
+from msa_kernels.testing import assert_close
+from msa_models.quantize import quantize_int4, quantize_int8, unpack_int4
+
+HIDDEN, INTER, HEAD_DIM, N_LAYERS, CAP = 64, 96, 16, 3, 160
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def extension():
+    ext = ds.compiled_extension()
+    assert ext is not None, f"the C++ decoder step did not build: {ds.build_error()}"
+    return ext
+
+
+def linear(kind: int, n: int, k: int, gen: torch.Generator):
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    if kind == ds.FP32:
+        return (kind, w, torch.empty(0), 0)
+    if kind == ds.INT8:
+        q, scale = quantize_int8(w)
+        return (kind, q, scale.to(torch.bfloat16), 0)
+    packed, scale, lo = quantize_int4(w, 32)
+    weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(packed).to(torch.int32), 1)
+    scales_zeros = torch.stack([scale.T, (lo + 8 * scale).T], dim=-1).to(torch.bfloat16).contiguous()
+    return (kind, weight, scales_zeros, 32)
+
+
+def make_layers(kind: int, n_heads: int, n_kv_heads: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [dict(norm_in=torch.rand(HIDDEN, generator=gen) + 0.5, norm_post=torch.rand(HIDDEN, generator=gen) + 0.5,
+                 qkv=linear(kind, (n_heads + 2 * n_kv_heads) * HEAD_DIM, HIDDEN, gen),
+                 o=linear(kind, HIDDEN, n_heads * HEAD_DIM, gen),
+                 gate_up=linear(kind, 2 * INTER, HIDDEN, gen), down=linear(kind, HIDDEN, INTER, gen))
+            for _ in range(N_LAYERS)]
+
+
+def inv_freq():
+    return 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM))
+
+
+def angles_of(pos: int):
+    a = pos * inv_freq()
+    a = torch.cat([a, a])
+    return a.cos().float(), a.sin().float()
+
+
+def stores(n_kv_heads: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(n_kv_heads, CAP, HEAD_DIM, generator=gen) for _ in range(N_LAYERS)]
+    values = [torch.randn(n_kv_heads, CAP, HEAD_DIM, generator=gen) for _ in range(N_LAYERS)]
+    return keys, values
+
+
+def summaries(n_kv_heads: int, block_size: int, seed: int = 2):
+    """Random (min, max) pairs per block: selection reads only these."""
+    gen = torch.Generator().manual_seed(seed)
+    pair = torch.randn(N_LAYERS, n_kv_heads, CAP // block_size, 2, HEAD_DIM, generator=gen)
+    return torch.stack([pair.amin(3), pair.amax(3)], dim=3).contiguous()
+
+
+def run_both(extension, kind, n_heads, n_kv_heads, pos, settings=ds.StepSettings(), sums=None, absent=None,
+             load_blocks=None, fused_stores=None):
+    layers = make_layers(kind, n_heads, n_kv_heads)
+    keys, values = stores(n_kv_heads)
+    fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
+    x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
+    cos, sin = angles_of(pos)
+    step = ds.DecoderStep(extension, layers, hidden=HIDDEN, intermediate=INTER, n_heads=n_heads,
+                          n_kv_heads=n_kv_heads, head_dim=HEAD_DIM, eps=1e-5, inv_freq=inv_freq())
+    expected = ds.decoder_step_reference(x, layers, keys, values, pos, cos, sin, n_heads=n_heads,
+                                         n_kv_heads=n_kv_heads, eps=1e-5, settings=settings, summaries=sums,
+                                         inv_freq=inv_freq())
+    actual = step.step(x.clone(), fk, fv, pos, cos, sin, settings, summaries=sums, absent=absent,
+                       load_blocks=load_blocks)
+    return actual, expected, (fk, fv), (keys, values)
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT8, ds.INT4])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(2, 2), (6, 2)])
+@pytest.mark.parametrize("pos", [0, 37, CAP - 1])
+def test_dense_step_matches_reference(extension, kind, n_heads, n_kv_heads, pos):
+    actual, expected, (fk, fv), (keys, values) = run_both(extension, kind, n_heads, n_kv_heads, pos)
+    assert_close(actual, expected, **TOL, what="hidden state")
+    for layer in range(N_LAYERS):
+        assert_close(fk[layer], keys[layer], **TOL, what=f"keys of layer {layer}")
+        assert_close(fv[layer], values[layer], **TOL, what=f"values of layer {layer}")
+
+
+MSA_CASES = [
+    # sparse_from, bounded_from, block, topk, local, sink, selection layer
+    ds.StepSettings(0, 0, 8, 3, 1, 1, None),
+    ds.StepSettings(0, 0, 8, 3, 1, 1, 1),
+    ds.StepSettings(0, 0, 8, 3, 1, 1, 0),
+    ds.StepSettings(16, ds.NEVER, 8, 3, 1, 1, 1),     # far blocks at their true distances
+    ds.StepSettings(0, 64, 16, 2, 2, 0, 1),           # no sink, two local blocks, bounded from 64
+    ds.StepSettings(0, 0, 8, 40, 1, 1, 1),            # top-k takes every candidate: dense
+]
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
+@pytest.mark.parametrize("settings", MSA_CASES)
+@pytest.mark.parametrize("pos", [45, 103, CAP - 1])
+def test_msa_step_matches_reference(extension, kind, settings, pos):
+    sums = summaries(2, settings.block_size)
+    actual, expected, (fk, _), (keys, _) = run_both(extension, kind, 6, 2, pos, settings, sums)
+    assert_close(actual, expected, **TOL, what=f"hidden state, {settings}")
+    assert_close(fk[-1], keys[-1], **TOL, what="keys of the last layer")
+
+
+def test_msa_ties_go_to_the_lower_block(extension):
+    settings = ds.StepSettings(0, 0, 8, 2, 1, 1, None)
+    sums = summaries(2, 8)
+    sums[:, :, 3:12] = sums[:, :, 3:4]          # nine blocks scored alike: top-2 must be 3 and 4
+    actual, expected, _, _ = run_both(extension, ds.FP32, 6, 2, 120, settings, sums)
+    assert_close(actual, expected, **TOL, what="hidden state with tied blocks")
+
+
+def test_absent_blocks_are_loaded_then_read(extension):
+    """Blocks marked absent hold garbage until `load_blocks` copies them in: the step asks for
+    exactly the selected ones it would read, and the result equals a step over full stores."""
+    settings = ds.StepSettings(0, 0, 8, 3, 1, 1, 1)
+    sums = summaries(2, 8)
+    keys, values = stores(2)
+    absent = torch.zeros(N_LAYERS, CAP // 8, dtype=torch.bool)
+    absent[:, 1:15] = True                       # restored, not read: everything but sink and the end
+    fk, fv = [k.clone() for k in keys], [v.clone() for v in values]
+    for layer in range(N_LAYERS):
+        for store in (fk[layer], fv[layer]):
+            store[:, 8:120] = float("nan")
+    asked = []
+
+    def load_blocks(layer, ids):
+        asked.append((layer, sorted(ids)))
+        for b in ids:
+            fk[layer][:, b * 8:(b + 1) * 8] = keys[layer][:, b * 8:(b + 1) * 8]
+            fv[layer][:, b * 8:(b + 1) * 8] = values[layer][:, b * 8:(b + 1) * 8]
+            absent[layer, b] = False
+
+    actual, expected, _, _ = run_both(extension, ds.FP32, 6, 2, 140, settings, sums, absent=absent,
+                                      load_blocks=load_blocks, fused_stores=(fk, fv))
+    assert_close(actual, expected, **TOL, what="hidden state after loading")
+    assert [layer for layer, _ in asked] == sorted({layer for layer, _ in asked}), "one request per layer"
+    assert asked and all(ids and all(1 <= b < 15 for b in ids) for _, ids in asked)
+    assert absent[:, 1:15].sum() > 0, "blocks never selected stay absent"
+
+
+def test_absent_blocks_without_a_loader_raise(extension):
+    settings = ds.StepSettings(0, 0, 8, 3, 1, 1, 1)
+    absent = torch.ones(N_LAYERS, CAP // 8, dtype=torch.bool)
+    with pytest.raises(ValueError, match="not in the cache"):
+        run_both(extension, ds.FP32, 6, 2, 140, settings, summaries(2, 8), absent=absent)
