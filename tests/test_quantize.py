@@ -86,6 +86,45 @@ def test_kernels_match_dequantize_then_matmul(weight, mode, rows):
                      what=f"{mode} kernel")
 
 
+@pytest.mark.parametrize("rows", [7, 40])
+def test_int4_prefill_copy_is_the_dequantized_weights_in_bf16(weight, rows):
+    """A kept copy serves inputs of more than PREFILL_ROWS rows with a bf16 matmul of the weights
+    dequantized in fp32 (scale and min unrounded); fewer rows still take the int4 kernel."""
+    linear = torch.nn.Linear(192, 96, bias=False)
+    linear.weight.data = weight
+    model = torch.nn.Sequential(linear)
+    state = quantize_weights(model, "int4")
+    swap_linears(model, "int4")
+    model[0].keep_prefill_copy = True
+    model.load_state_dict(state)
+    w = dequantize_int4(state["0.weight"], state["0.scales"], state["0.mins"])
+    assert torch.equal(model[0].prefill_weight, w.to(torch.bfloat16))
+    x = torch.randn(rows, 192)
+    expected = torch.nn.functional.linear(bf16(x), bf16(w)) if rows > PREFILL_ROWS else kernel_reference(x, state, "0", "int4")
+    assert_close(model(x), expected, atol=BF16_ATOL, rtol=BF16_RTOL, what=f"{rows} rows")
+
+
+def test_prefill_copies_only_where_asked_or_small_on_bf16_hardware(monkeypatch):
+    from msa_models import quantize
+
+    monkeypatch.setenv("MSA_BF16_PREFILL", "1")
+    assert quantize.bf16_prefill_copies(10 ** 12)
+    monkeypatch.setenv("MSA_BF16_PREFILL", "0")
+    assert not quantize.bf16_prefill_copies(1000)
+    monkeypatch.delenv("MSA_BF16_PREFILL")
+    monkeypatch.setattr(quantize, "native_bf16", lambda: True)
+    assert quantize.bf16_prefill_copies(100_000_000)                  # the embedded model's size
+    assert not quantize.bf16_prefill_copies(quantize.PREFILL_COPY_MAX_BYTES)   # 2 bytes a weight: too big
+    monkeypatch.setattr(quantize, "native_bf16", lambda: False)
+    assert not quantize.bf16_prefill_copies(1000)
+
+
+def test_a_bf16_prefill_copy_changes_the_weights_identity():
+    from msa_models.loading import computed_digest
+
+    assert computed_digest("abc", "int4", "fp32") != computed_digest("abc", "int4", "fp32", bf16_prefill=True)
+
+
 def random_tiny_model(seed=1, **overrides):
     torch.manual_seed(seed)
     config = ModelConfig.tiny(hidden_size=64, intermediate_size=128, num_attention_heads=4, **overrides)
