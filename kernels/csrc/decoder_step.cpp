@@ -7,8 +7,8 @@
 // costs more in dispatch than in arithmetic (the embedded model: ~17 ms a step, of which the
 // weight products are ~4 ms). Here the products still go to PyTorch's own kernels (fp32 `mv`,
 // `_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`); everything between them is a loop
-// over a few hundred floats. The definitions this must match are in decoder_step.py
-// (`decoder_step_reference`, `msa_decode_reference`).
+// over a few hundred floats. The definition this must match is `decoder_step_reference` in
+// decoder_step.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -377,7 +377,8 @@ class DecoderStack {
                       summaries.size(0) == static_cast<int64_t>(layers_.size()) && summaries.size(1) == n_kv_heads_ &&
                       summaries.size(2) >= pos / s.block_size,
                   "summaries must be fp32 [L, Hkv, >= full blocks, 2, D]");
-      TORCH_CHECK(absent.scalar_type() == at::kBool && absent.dim() == 2 && absent.is_contiguous(),
+      TORCH_CHECK(absent.scalar_type() == at::kBool && absent.dim() == 2 && absent.is_contiguous() &&
+                      absent.size(0) == static_cast<int64_t>(layers_.size()),
                   "absent must be bool [L, blocks]");
     }
     const int64_t qkv_width = (n_heads_ + 2 * n_kv_heads_) * d_;
@@ -429,8 +430,11 @@ class DecoderStack {
         } else {
           const int64_t n_blocks = summaries.size(2);
           const float* sums = summaries.data_ptr<float>() + layer * n_kv_heads_ * n_blocks * 2 * d_;
-          for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh)
-            sel.push_back(select_head(q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, pos, s));
+          sel.resize(static_cast<size_t>(n_kv_heads_));
+          at::parallel_for(0, n_kv_heads_, 1, [&](int64_t first, int64_t last) {
+            for (int64_t kvh = first; kvh < last; ++kvh)
+              sel[kvh] = select_head(q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, pos, s);
+          });
           if (layer == s.selection_layer) {
             shared = share_by_heads(sel, s);
             have_shared = true;
