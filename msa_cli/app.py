@@ -181,7 +181,7 @@ def ask(
     from .paths import cache_dir as resolve_cache_dir
 
     loaded, load_s, prefix_cache = _local_engine(model, cache_dir, threads, quant, dtype, no_cache, cache_ro,
-                                                 verbose, attention_settings)
+                                                 verbose, attention_settings, quiet=quiet or json_out)
     settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            system=system, show_progress=not (quiet or json_out),
                            show_notes=not (quiet or json_out), prefix_cache=prefix_cache,
@@ -202,7 +202,7 @@ def ask(
 
 
 def _local_engine(model, cache_dir, threads, quant, dtype, no_cache: bool, cache_ro: bool, verbose: bool,
-                  attention_settings):
+                  attention_settings, *, quiet: bool = False):
     """What ask and chat need to answer on this machine: the loaded model, its load time and the
     prefix cache's options (None with --no-cache)."""
     from .paths import cache_dir as resolve_cache_dir
@@ -212,7 +212,7 @@ def _local_engine(model, cache_dir, threads, quant, dtype, no_cache: bool, cache
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(resolve_cache_dir(cache_dir)),
                                                       max_bytes=budget_from_env(), read_only=cache_ro)
     n_threads = set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=None if quiet else _note)
     if verbose:
         _note(_model_line(loaded, load_s, n_threads, attention_settings))
     return loaded, load_s, prefix_cache
@@ -312,7 +312,7 @@ def chat(
         from .paths import cache_dir as resolve_cache_dir
 
         loaded, _, prefix_cache = _local_engine(model, cache_dir, threads, quant, dtype, no_cache, cache_ro,
-                                                verbose, attention_settings)
+                                                verbose, attention_settings, quiet=quiet)
         settings = AskSettings(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                system=system, show_progress=not quiet, show_notes=not quiet, prefix_cache=prefix_cache,
                                attention=attention_settings, kv_spill_dir=resolve_cache_dir(cache_dir) / "kv",

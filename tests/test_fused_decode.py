@@ -12,7 +12,7 @@ from tiny_checkpoints import tiny_model
 from msa_kernels import decoder_step
 from msa_models.attention_settings import AttentionSettings
 from msa_models.fuse import fuse_projections
-from msa_models.fused_decode import fused_step, per_op_decode
+from msa_models.fused_decode import fused_step, per_op_decode, prepare
 from msa_models.quantize import quantize_model
 
 
@@ -106,6 +106,18 @@ def test_layers_it_does_not_describe_have_no_fused_step():
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
     fuse_projections(partial)
     assert fused_step(partial) is None                  # RoPE on part of the head
+
+
+def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
+    model = _model()
+    monkeypatch.setattr(decoder_step, "needs_build", lambda: True)
+    told = []
+    assert prepare(model, on_build=lambda: told.append("building")) is None
+    assert prepare(model, on_build=lambda: told.append("again")) is None     # built: nothing more to say
+    assert told == ["building"]
+    unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
+    assert "not the plain Llama layers" in prepare(unfused, on_build=lambda: told.append("no"))
+    assert told == ["building"]
 
 
 @pytest.mark.slow
