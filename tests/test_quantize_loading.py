@@ -73,6 +73,23 @@ def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_path, monkeypatch):
+    """The first int4 load reads the Q4_1 blocks out of the GGUF and keeps them; the next takes
+    the kept copy without parsing the GGUF's metadata, and computes the same."""
+    from msa_models.gguf_loader import Q4_1_COPY
+
+    first = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
+    kept = list((tmp_path / "converted").glob(f"*/{Q4_1_COPY}"))
+    assert len(kept) == 1
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("parsed the GGUF again"))
+    second = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
+    assert torch.equal(logits(first), logits(second))
+    kept[0].write_bytes(b"not safetensors")                       # damaged: read from the GGUF again
+    monkeypatch.undo()
+    third = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
+    assert torch.equal(logits(first), logits(third))
+
+
 @pytest.mark.parametrize("quant", [None, "int8", "int4"])
 def test_fused_projections_compute_what_separate_ones_do(q4_gguf, quant):
     fused = load_model(str(q4_gguf), converted_root=None, quant=quant)
