@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .cpu_features import cpu_flags
 from .scoring import score_blocks
 from .selection import select_blocks
 
@@ -187,13 +188,8 @@ def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):
 def _cpu_flags() -> list[str]:
     """-O3, and AVX2/FMA where this CPU has them (the build is this machine's own)."""
     flags = ["-O3", "-fopenmp"]   # OpenMP: at::parallel_for runs on PyTorch's threads only with it
-    if platform.machine() in ("x86_64", "AMD64"):
-        try:
-            cpu = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpu = ""
-        if " avx2" in cpu and " fma" in cpu:
-            flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
+        flags += ["-mavx2", "-mfma"]
     return flags
 
 

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from msa_kernels.cpu_features import cpu_flags
+
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
 PREFILL_ROWS = 16   # above this many rows, int8 dequantizes then multiplies (a compute-bound matmul)
@@ -137,12 +139,7 @@ class Int4Linear(nn.Module):
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def bf16_prefill_copies(n_int4_weights: int) -> bool:
