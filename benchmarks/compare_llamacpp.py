@@ -74,7 +74,7 @@ def msa_worker(job: dict) -> dict:
     from msa_models.loading import load_model
 
     torch.set_num_threads(job["threads"])
-    quant = job["weights"] if job["weights"] in ("int8", "int4") else None
+    quant = job["weights"] if job["weights"] in ("int8", "int4") else "none"
     dtype = job["weights"] if job["weights"] in ("fp32", "bf16") else "fp32"
     loaded = load_model(job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype)
     model, ids, decode = loaded.model, job["ids"], job["decode"]

@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded, _ = load("smollm2-135m", quant=None if args.quant == "fp32" else args.quant)
+    loaded, _ = load("smollm2-135m", quant="none" if args.quant == "fp32" else args.quant)
     model = loaded.model
     if fused_step(model) is None:
         raise SystemExit(f"no fused step: {loaded.per_op_reason}")

@@ -80,11 +80,11 @@ def speed(model, ids: torch.Tensor, n_prefill: int, n_decode: int) -> tuple[floa
 def load(precision: str, converted_root):
     """The model at `precision` (see the module's docstring)."""
     if precision in ("fp32", "bf16"):
-        return load_model("smollm2-135m", converted_root=converted_root, dtype=precision).model
+        return load_model("smollm2-135m", converted_root=converted_root, dtype=precision, quant="none").model
     if precision == "q4_1":
         return load_model("smollm2-135m", converted_root=converted_root, quant="int4").model
     if precision == "int4":   # requantize the dequantized fp32 weights
-        return quantize_model(load_model("smollm2-135m", converted_root=converted_root).model, "int4")
+        return quantize_model(load_model("smollm2-135m", converted_root=converted_root, quant="none").model, "int4")
     return load_model("smollm2-135m", converted_root=converted_root, quant=precision).model
 
 

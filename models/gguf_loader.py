@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .errors import ModelError
 from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
 
-CONVERTED_FORMAT = 1
+CONVERTED_FORMAT = 2      # 2: meta.json says how the file stores its layers' weights
 
 # GGUF tensor names -> ours (per-layer names have N for the layer index).
 _LAYER_NAMES = {
@@ -102,6 +102,16 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, out // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(out, cols)
 
 
+def _stored_quantization(reader) -> str | None:
+    """"int4" when every weight of the layers' matmuls is Q4_1, our int4 format: such a file's
+    weights are used as they are, in int4 (no dequantized copy in memory); else None (floats)."""
+    from gguf import GGMLQuantizationType
+
+    types = {t.tensor_type for t in reader.tensors
+             if t.name.startswith("blk.") and len(t.shape) == 2}
+    return "int4" if types == {GGMLQuantizationType.Q4_1} else None
+
+
 def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
     from gguf.quants import dequantize
 
@@ -154,17 +164,19 @@ def _convert(path: Path, digest: str, out: Path) -> None:
     write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
     meta = {"format": CONVERTED_FORMAT, "digest": digest, "source": str(path),
             "config": config.to_dict(), "chat_template": template, "eos_ids": eos,
-            "name": _field(reader, "general.name", path.stem)}
+            "name": _field(reader, "general.name", path.stem),
+            "stored_quantization": _stored_quantization(reader)}
     # meta.json last: its presence says the copy is complete.
     write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
 
 
 def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None,
-              q4_1_as_int4: bool = False) -> Checkpoint:
+              q4_1_as_int4: bool | None = False) -> Checkpoint:
     """Load a GGUF model, through a converted copy under `converted_root` when one is given.
 
     With `q4_1_as_int4`, Q4_1 tensors come straight from the file's blocks as int4 weights
-    (`.weight/.scales/.mins`, see gguf_q4.py) and their fp32 copies are never read.
+    (`.weight/.scales/.mins`, see gguf_q4.py) and their fp32 copies are never read; None: when
+    the file stores its layers in Q4_1 (`meta["stored_quantization"]` of the checkpoint says so).
     """
     import tempfile
 
@@ -190,6 +202,9 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
             _convert(path, digest, out)
             meta = json.loads(meta_path.read_text())
         config = ModelConfig.from_dict(meta["config"])
+        stored = meta["stored_quantization"]
+        if q4_1_as_int4 is None:
+            q4_1_as_int4 = stored == "int4"
         weights = _read_weights(path, out / "model.safetensors", config, q4_1_as_int4)
         template = ChatTemplate(meta["chat_template"])
         tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
@@ -198,8 +213,8 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
         template.bos_token = inv.get(config.bos_token_id, "")
         template.eos_token = inv.get(meta["eos_ids"][0], "")
         return Checkpoint(name=name or meta["name"], config=config, weights=weights,
-                          tokenizer=tokenizer,
-                          digest=digest, source=str(path))
+                          tokenizer=tokenizer, digest=digest, source=str(path),
+                          meta={"stored_quantization": stored})
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -22,6 +22,7 @@ from .registry import resolve
 from .tokenizer import TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FLOAT = "none"    # the `quant` that asks for floating-point weights whatever the file stores
 
 
 @dataclass
@@ -33,10 +34,16 @@ class LoadedModel:
     source: str
     quantization: str | None = None   # "int8", "int4" or None (floating point)
     per_op_reason: str | None = None  # why decode steps run op by op (None: the fused step, or not prepared)
+    dtype: str = "fp32"               # the compute dtype
 
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def weights(self) -> str:
+        """How the weights compute, in a word: "int8", "int4", "fp32" or "bf16"."""
+        return self.quantization or self.dtype
 
 
 def build_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32, *, quant: str | None = None,
@@ -93,7 +100,9 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
                quant: str | None = None, quantized_root: Path | None = None, fuse: bool = True) -> LoadedModel:
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
-    quantized to `quant` ("int8", "int4") if given.
+    quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
+    the file stores them: a GGUF whose layers are Q4_1 (the embedded model) in int4, a quantized
+    copy in its own mode, anything else in floating point.
 
     `converted_root` is where GGUF files keep a converted copy for fast later loads. A GGUF's
     Q4_1 tensors become int4 weights straight from its blocks when `quant` is "int4".
@@ -103,11 +112,15 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     src, ckpt = load_checkpoint(spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant)
     if src.format == "quantized":
         quant = ckpt.meta["quantization"]
+    elif quant is None:
+        quant = ckpt.meta.get("stored_quantization")
+    elif quant == FLOAT:
+        quant = None
     model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
     loaded = LoadedModel(name=src.name, model=model, tokenizer=ckpt.tokenizer,
                          digest=computed_digest(ckpt.digest, quant, dtype_name,
                                                 bf16_prefill=has_prefill_copies(model)), source=ckpt.source,
-                         quantization=quant)
+                         quantization=quant, dtype=dtype_name)
     del ckpt
     _return_free_memory()
     return loaded
@@ -115,19 +128,22 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
 
 def load_checkpoint(spec: str, *, converted_root: Path | None = None, quantized_root: Path | None = None,
                     quant: str | None = None):
-    """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant`."""
-    if quant is not None and quant not in MODES:
-        raise ModelError(f"quantization must be one of {', '.join(MODES)}, not {quant!r}")
+    """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant` (None: as
+    stored; `FLOAT`: floating point)."""
+    if quant is not None and quant not in (*MODES, FLOAT):
+        raise ModelError(f"quantization must be one of {', '.join(MODES)} or {FLOAT}, not {quant!r}")
     src = resolve(spec, quantized_root=quantized_root)
     if src.format == "gguf":
-        return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=quant == "int4")
+        q4_1_as_int4 = None if quant is None else quant == "int4"
+        return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=q4_1_as_int4)
     if src.format == "quantized":
         from .quantized_copy import load_quantized_copy
 
         ckpt = load_quantized_copy(src.path)
         if quant is not None and quant != ckpt.meta["quantization"]:
-            raise ModelError(f"{src.name} is already quantized to {ckpt.meta['quantization']}; "
-                             f"quantize its base model {ckpt.meta['base']} to {quant} instead")
+            instead = (f"load its base model {ckpt.meta['base']} for floating-point weights" if quant == FLOAT
+                       else f"quantize its base model {ckpt.meta['base']} to {quant} instead")
+            raise ModelError(f"{src.name} is already quantized to {ckpt.meta['quantization']}; {instead}")
         return src, ckpt
     return src, load_hf_dir(src.path, name=src.name, digest_memo=memo_dir(converted_root))
 

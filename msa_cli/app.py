@@ -60,8 +60,9 @@ QuietOption = typer.Option(False, "--quiet", "-q", envvar="MSA_QUIET", show_envv
 VerboseOption = typer.Option(False, "--verbose", "-v", envvar="MSA_VERBOSE", show_envvar=True,
                              help="More on stderr: the model and settings used, and each answer's figures.")
 QuantOption = typer.Option(None, "--quant", envvar="MSA_QUANT", show_envvar=True,
-                           help="Quantize the weights on load: int8 (per channel) or int4 (groups of 32; a GGUF's "
-                                "Q4_1 weights as they are). Less memory, faster decoding. [default: none, fp32 weights]")
+                           help="The weights' precision: int8 (per channel) or int4 (groups of 32), quantized on "
+                                "load, or none (floating point). [default: as the file stores them: int4 for a GGUF "
+                                "of Q4_1 weights such as the embedded model, else floating point]")
 DtypeOption = typer.Option("fp32", "--dtype", envvar="MSA_DTYPE", show_envvar=True,
                            help="Compute dtype: fp32, or bf16 (fast only on CPUs with bf16 units).")
 HiddenOption = typer.Option(False, "--hidden", help="Also read hidden files and folders of directories (.git never).")
@@ -87,8 +88,8 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_
 
 
 def _check_precision(quant, dtype: str) -> None:
-    if quant is not None and quant not in ("int8", "int4"):
-        raise typer.BadParameter(f"{quant!r} is not one of int8, int4", param_hint="--quant")
+    if quant is not None and quant not in ("int8", "int4", "none"):
+        raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
     if dtype not in ("fp32", "bf16"):
         raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
 
@@ -230,7 +231,8 @@ def _note(message: str) -> None:
 def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     """--verbose: which model, from where, and the settings that shape reading."""
     block = attention.block_size or "the model's"
-    return (f"model {loaded.name} ({loaded.source}), loaded in {load_s:.2f} s; {n_threads} threads; "
+    return (f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, loaded in {load_s:.2f} s; "
+            f"{n_threads} threads; "
             f"attention {attention.mode}, top-k {attention.topk}, block size {block}, "
             f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
             f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode "
@@ -441,8 +443,8 @@ def bench_e2e(
     rows = run_e2e(loaded, lengths, decode_tokens=decode_tokens, settings=settings,
                    spill_dir=resolve_cache_dir(cache_dir) / "kv")
     for row in rows:
-        row.update(model=loaded.name, weights=loaded.quantization or dtype, threads=n_threads)
-    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {loaded.quantization or dtype} weights, "
+        row.update(model=loaded.name, weights=loaded.weights, threads=n_threads)
+    _print_rows(rows, json_out, f"msa bench e2e: {loaded.name}, {loaded.weights} weights, "
                                 f"{attention} attention, {n_threads} threads")
 
 
@@ -478,6 +480,7 @@ def eval_passkey(
     model: str = ModelOption,
     topk: int = TopkOption,
     threads: Optional[int] = ThreadsOption,
+    quant: Optional[str] = QuantOption,
     json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per length and mode."),
     cache_dir: Optional[str] = CacheDirOption,
 ):
@@ -488,9 +491,10 @@ def eval_passkey(
     from .evals import run_passkey
     from .runtime import load, set_threads
 
+    _check_precision(quant, "fp32")
     lengths = parse_lengths(length)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
+    loaded, _ = load(model, cache=cache_dir, quant=quant)
     try:
         modes = [(m, AttentionSettings(mode=m, topk=topk)) for m in attention.split(",")]
     except ValueError as e:
@@ -504,7 +508,7 @@ def eval_passkey(
         print(json.dumps(rows))
     else:
         summary = [{k: r[k] for k in ("length", "attention", "correct", "total", "accuracy", "seconds")} for r in rows]
-        _print_rows(summary, False, f"msa eval passkey: {loaded.name}")
+        _print_rows(summary, False, f"msa eval passkey: {loaded.name}, {loaded.weights} weights")
 
 
 @app.command(epilog=EXIT_CODES_HELP)

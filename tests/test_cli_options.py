@@ -63,7 +63,7 @@ def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     model_line, figures = result.stderr.splitlines()
-    assert model_line.startswith(f"msa: model smollm2-135m ({embedded.source}), loaded in ")
+    assert model_line.startswith(f"msa: model smollm2-135m ({embedded.source}), int4 weights, loaded in ")
     assert model_line.endswith("; 2 threads; attention auto, top-k 8, block size the model's, 1 local block; "
                               "decode in one fused CPU step")
     assert figures.startswith(f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "

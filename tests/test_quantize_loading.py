@@ -54,8 +54,11 @@ def test_q4_1_blocks_become_int4_exactly():
 
 
 def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
-    plain = load_model(str(q4_gguf), converted_root=None, fuse=False)      # Q4_1 dequantized to fp32
+    plain = load_model(str(q4_gguf), converted_root=None, fuse=False, quant="none")   # Q4_1 dequantized to fp32
     quant = load_model(str(q4_gguf), converted_root=None, quant="int4", fuse=False)
+    default = load_model(str(q4_gguf), converted_root=None, fuse=False)    # as stored: Q4_1 layers are int4
+    assert (plain.weights, quant.weights, default.weights) == ("fp32", "int4", "int4")
+    assert default.digest == quant.digest and torch.equal(logits(default), logits(quant))
     layer = quant.model.layers[1]
     assert isinstance(layer.self_attn.q_proj, Int4Linear) and isinstance(layer.mlp.down_proj, Int4Linear)
     assert isinstance(quant.model.lm_head, Int8Linear)                       # the head: int8
@@ -90,14 +93,14 @@ def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_
     assert torch.equal(logits(first), logits(third))
 
 
-@pytest.mark.parametrize("quant", [None, "int8", "int4"])
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_fused_projections_compute_what_separate_ones_do(q4_gguf, quant):
     fused = load_model(str(q4_gguf), converted_root=None, quant=quant)
     separate = load_model(str(q4_gguf), converted_root=None, quant=quant, fuse=False)
     attention = fused.model.layers[0].self_attn
     assert attention.fused_sizes == [192, 64, 64] and not hasattr(attention, "q_proj")
     # the same weights by rows; a wider matmul may sum in another order
-    assert_close(logits(fused), logits(separate), atol=1e-4 if quant is None else 2e-2, what=f"fused {quant}")
+    assert_close(logits(fused), logits(separate), atol=1e-4 if quant == "none" else 2e-2, what=f"fused {quant}")
 
 
 @pytest.fixture
@@ -131,7 +134,7 @@ def test_quantize_writes_a_copy_that_loads_by_name(run, q4_gguf, tmp_path):
     assert json.loads(result.stdout)["model"] == "tiny-int4"
 
 
-@pytest.mark.parametrize("quant,dtype", [("int8", "fp32"), ("int4", "bf16"), (None, "bf16")])
+@pytest.mark.parametrize("quant,dtype", [("int8", "fp32"), ("int4", "bf16"), ("none", "bf16"), (None, "fp32")])
 def test_ask_quantizes_on_load(run, q4_gguf, tmp_path, quant, dtype):
     doc = tmp_path / "doc.txt"
     doc.write_text("hello hello world")
@@ -154,6 +157,8 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
     assert run("ask", doc, "q", "--model", q4_gguf, "--dtype", "fp16").exit_code == 2
     result = run("ask", doc, "q", "--model", "tiny-int8", "--quant", "int4")
     assert result.exit_code == 4 and "already quantized to int8" in result.stderr
+    result = run("ask", doc, "q", "--model", "tiny-int8", "--quant", "none")
+    assert result.exit_code == 4 and "load its base model tiny for floating-point weights" in result.stderr
 
     from msa_cli.paths import quantized_models_dir
 
