@@ -87,7 +87,7 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_
     return AttentionSettings(mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks, kv_dtype=kv_dtype)
 
 
-def _check_precision(quant, dtype: str) -> None:
+def _check_precision(quant, dtype: str = "fp32") -> None:
     if quant is not None and quant not in ("int8", "int4", "none"):
         raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
     if dtype not in ("fp32", "bf16"):
@@ -491,7 +491,7 @@ def eval_passkey(
     from .evals import run_passkey
     from .runtime import load, set_threads
 
-    _check_precision(quant, "fp32")
+    _check_precision(quant)
     lengths = parse_lengths(length)
     set_threads(threads)
     loaded, _ = load(model, cache=cache_dir, quant=quant)
@@ -527,6 +527,7 @@ def serve(
     queue_size: int = typer.Option(16, "--queue-size", min=1,
                                    help="Requests that may wait while one is answered; past that, 503."),
     threads: Optional[int] = ThreadsOption,
+    quant: Optional[str] = QuantOption,
     cache_dir: Optional[str] = CacheDirOption,
     no_cache: bool = NoCacheOption,
     attention: str = AttentionOption,
@@ -544,13 +545,15 @@ def serve(
     from .runtime import load, set_threads
     from .server.run import address, listen, make_app, serve_until_stopped
 
+    _check_precision(quant)
     attention_settings = _attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     sock = listen(host, port)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir)
+    loaded, _ = load(model, cache=cache_dir, quant=quant)
     app_ = make_app(loaded, attention_settings, cache_dir=cache_dir, no_cache=no_cache, queue_size=queue_size,
                     api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
-    print(f"msa serve: {loaded.name} at {address(sock)}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(f"msa serve: {loaded.name} ({loaded.weights} weights) at {address(sock)}/v1 (Ctrl-C stops)",
+          file=sys.stderr, flush=True)
     serve_until_stopped(app_, sock)
 
 

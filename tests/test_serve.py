@@ -209,7 +209,7 @@ def test_msa_serve_listens_checks_the_key_from_the_environment_and_stops_on_ctrl
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = server.stderr.readline()          # written once the model is loaded and the port bound
-        match = re.fullmatch(r"msa serve: smollm2-135m at (http://127\.0\.0\.1:\d+)/v1 \(Ctrl-C stops\)\n", line)
+        match = re.fullmatch(r"msa serve: smollm2-135m \(int4 weights\) at (http://127\.0\.0\.1:\d+)/v1 \(Ctrl-C stops\)\n", line)
         assert match, line + server.stderr.read() if server.poll() is not None else line
         url = match.group(1)
         assert httpx2.get(f"{url}/health").status_code == 401
