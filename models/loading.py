@@ -16,8 +16,8 @@ from .digests import memo_dir
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
-from .quantize import (DEFAULT_GROUP_SIZE, MODES, Int4Linear, bf16_prefill_copies, has_prefill_copies,
-                       is_quantized_state, quantize_state, swap_for_state)
+from .quantize import (DEFAULT_GROUP_SIZE, MODES, Int4Linear, is_quantized_state, prefill_copies,
+                       prefill_copy_dtype, quantize_state, swap_for_state)
 from .registry import resolve
 from .tokenizer import TextTokenizer
 
@@ -69,9 +69,9 @@ def _build_quantized(model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dt
         fuse_projections(model)
     swap_for_state(model, state)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    if int4 and bf16_prefill_copies(sum(m.in_features * m.out_features for m in int4)):
-        for m in int4:
-            m.keep_prefill_copy = True
+    copy_dtype = prefill_copy_dtype(sum(m.in_features * m.out_features for m in int4)) if int4 else None
+    for m in int4:
+        m.keep_prefill_copy = copy_dtype
     quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith(".scales")}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
     if "lm_head.scales" not in state and ckpt.config.tie_word_embeddings:
@@ -86,13 +86,13 @@ def _build_quantized(model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dt
     return model.eval()
 
 
-def computed_digest(file_digest: str, quant: str | None, dtype_name: str, *, bf16_prefill: bool = False) -> str:
+def computed_digest(file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
-    else hashed with the quantization and dtype, and whether int4 layers prefill from a bf16
-    copy (the prefix cache keys on it: K/V differ)."""
+    else hashed with the quantization and dtype, and the dtype of the copy int4 layers prefill
+    from, if any (the prefix cache keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
-    label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (":bf16-prefill" if bf16_prefill else "")
+    label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (f":{prefill_copy}-prefill" if prefill_copy else "")
     return hashlib.sha256(label.encode()).hexdigest()
 
 
@@ -119,7 +119,7 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
     loaded = LoadedModel(name=src.name, model=model, tokenizer=ckpt.tokenizer,
                          digest=computed_digest(ckpt.digest, quant, dtype_name,
-                                                bf16_prefill=has_prefill_copies(model)), source=ckpt.source,
+                                                prefill_copy=prefill_copies(model)), source=ckpt.source,
                          quantization=quant, dtype=dtype_name)
     del ckpt
     _return_free_memory()

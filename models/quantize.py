@@ -32,10 +32,12 @@ PREFILL_ROWS = 16   # above this many rows, int8 dequantizes then multiplies (a 
 # activations go in as bf16 (and the output comes back in the caller's dtype): the weights
 # are already coarser than bf16.
 KERNEL_DTYPE = torch.bfloat16
-# int4 layers of a small model may also keep their weights in bf16 for prefill (see
-# `bf16_prefill_copies`): on CPUs with bf16 dot-product units a bf16 matmul of a 512-token chunk
-# runs ~3x faster than PyTorch's int4 kernel, with the same bf16 activations.
+# int4 layers of a small model may also keep their weights in floating point for prefill (see
+# `prefill_copy_dtype`): on CPUs with bf16 dot-product units a bf16 matmul of a 512-token chunk
+# runs ~3x faster than PyTorch's int4 kernel, with the same bf16 activations; elsewhere an fp32
+# matmul still beats it.
 PREFILL_COPY_MAX_BYTES = 1 << 30
+PREFILL_COPY_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "none": None}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,15 +105,16 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """Takes the portable state (`weight` nibbles, `scales`, `mins`) and keeps only PyTorch's CPU
     kernel layout: `packed` [N, K/2] uint8 and `scales_zeros` [K/g, N, 2] (6 bits a weight).
-    With `keep_prefill_copy` set before loading, it also keeps the dequantized weights in bf16
-    (`prefill_weight`, [N, K]) for inputs of more than PREFILL_ROWS rows."""
+    With `keep_prefill_copy` set to a dtype before loading, it also keeps the dequantized weights
+    in that dtype (`prefill_weight`, [N, K]) for inputs of more than PREFILL_ROWS rows, which then
+    multiply in that dtype."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int = DEFAULT_GROUP_SIZE):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", torch.empty(0, dtype=torch.uint8))
         self.register_buffer("scales_zeros", torch.empty(0))
-        self.keep_prefill_copy = False
+        self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -126,13 +129,15 @@ class Int4Linear(nn.Module):
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
         zeros = mins.float() + 8 * scales.float()
         self.scales_zeros = torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
-        if self.keep_prefill_copy:
-            self.prefill_weight = dequantize_int4(weight, scales, mins).to(KERNEL_DTYPE)
+        if self.keep_prefill_copy is not None:
+            self.prefill_weight = dequantize_int4(weight, scales, mins).to(self.keep_prefill_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE).contiguous()          # [M, K]
+        flat = x.reshape(-1, self.in_features)                                         # [M, K]
         if self.prefill_weight is not None and flat.shape[0] > PREFILL_ROWS:
-            return F.linear(flat, self.prefill_weight).to(x.dtype).view(*x.shape[:-1], self.out_features)
+            out = F.linear(flat.to(self.prefill_weight.dtype), self.prefill_weight)
+            return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        flat = flat.to(KERNEL_DTYPE).contiguous()
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_zeros)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
@@ -142,22 +147,28 @@ def native_bf16() -> bool:
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def bf16_prefill_copies(n_int4_weights: int) -> bool:
-    """Whether int4 layers keep a bf16 copy of their weights for prefill: where the CPU has bf16
-    units and the copies (2 bytes a weight) take at most PREFILL_COPY_MAX_BYTES and an eighth of
-    the memory. MSA_BF16_PREFILL=0 or 1 overrides. The embedded model: 212 MB, prefill of 512
-    tokens 547 -> 959 tok/s, perplexity 8.795 -> 8.791 (README)."""
+def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
+    """The dtype in which int4 layers keep a copy of their weights for prefill, or None (none):
+    bf16 where the CPU has bf16 units, else fp32, if the copies take at most
+    PREFILL_COPY_MAX_BYTES and an eighth of the memory. MSA_PREFILL_COPY=bf16, fp32 or none
+    overrides. The embedded model (README): a bf16 copy takes 212 MB, and prefill of 512 tokens
+    went 547 -> 959 tok/s, perplexity 8.795 -> 8.791; with AVX2 kernels only, an fp32 copy
+    (424 MB) prefilled 2K tokens at 413 tok/s against the int4 kernel's 327."""
     import psutil
 
-    forced = os.environ.get("MSA_BF16_PREFILL")
-    if forced in ("0", "1"):
-        return forced == "1"
-    size = 2 * n_int4_weights
-    return native_bf16() and size <= PREFILL_COPY_MAX_BYTES and size <= psutil.virtual_memory().total // 8
+    forced = os.environ.get("MSA_PREFILL_COPY")
+    if forced in PREFILL_COPY_DTYPES:
+        return PREFILL_COPY_DTYPES[forced]
+    dtype = torch.bfloat16 if native_bf16() else torch.float32
+    size = dtype.itemsize * n_int4_weights
+    return dtype if size <= PREFILL_COPY_MAX_BYTES and size <= psutil.virtual_memory().total // 8 else None
 
 
-def has_prefill_copies(model: nn.Module) -> bool:
-    return any(getattr(m, "prefill_weight", None) is not None for m in model.modules())
+def prefill_copies(model: nn.Module) -> str | None:
+    """The dtype of the int4 layers' prefill copies ("bf16", "fp32"), None if they keep none."""
+    names = {v: k for k, v in PREFILL_COPY_DTYPES.items() if v is not None}
+    kept = {m.prefill_weight.dtype for m in model.modules() if getattr(m, "prefill_weight", None) is not None}
+    return names[kept.pop()] if kept else None
 
 
 HEAD_NAMES = ("lm_head",)   # output heads: int8 even in int4 mode

@@ -87,42 +87,53 @@ def test_kernels_match_dequantize_then_matmul(weight, mode, rows):
 
 
 @pytest.mark.parametrize("rows", [7, 40])
-def test_int4_prefill_copy_is_the_dequantized_weights_in_bf16(weight, rows):
-    """A kept copy serves inputs of more than PREFILL_ROWS rows with a bf16 matmul of the weights
-    dequantized in fp32 (scale and min unrounded); fewer rows still take the int4 kernel."""
+@pytest.mark.parametrize("copy_dtype", [torch.bfloat16, torch.float32])
+def test_int4_prefill_copy_is_the_dequantized_weights(weight, rows, copy_dtype):
+    """A kept copy serves inputs of more than PREFILL_ROWS rows with a matmul, in its dtype, of
+    the weights dequantized in fp32 (scale and min unrounded); fewer rows still take the int4
+    kernel."""
     linear = torch.nn.Linear(192, 96, bias=False)
     linear.weight.data = weight
     model = torch.nn.Sequential(linear)
     state = quantize_weights(model, "int4")
     swap_linears(model, "int4")
-    model[0].keep_prefill_copy = True
+    model[0].keep_prefill_copy = copy_dtype
     model.load_state_dict(state)
     w = dequantize_int4(state["0.weight"], state["0.scales"], state["0.mins"])
-    assert torch.equal(model[0].prefill_weight, w.to(torch.bfloat16))
+    assert torch.equal(model[0].prefill_weight, w.to(copy_dtype))
     x = torch.randn(rows, 192)
-    expected = torch.nn.functional.linear(bf16(x), bf16(w)) if rows > PREFILL_ROWS else kernel_reference(x, state, "0", "int4")
-    assert_close(model(x), expected, atol=BF16_ATOL, rtol=BF16_RTOL, what=f"{rows} rows")
+    if rows <= PREFILL_ROWS:
+        assert_close(model(x), kernel_reference(x, state, "0", "int4"), atol=BF16_ATOL, rtol=BF16_RTOL, what="kernel")
+    elif copy_dtype == torch.float32:
+        assert_close(model(x), x @ w.T, atol=1e-5, rtol=1e-5, what="fp32 copy")
+    else:
+        assert_close(model(x), torch.nn.functional.linear(bf16(x), bf16(w)), atol=BF16_ATOL, rtol=BF16_RTOL,
+                     what="bf16 copy")
 
 
-def test_prefill_copies_only_where_asked_or_small_on_bf16_hardware(monkeypatch):
+def test_prefill_copies_where_asked_or_small(monkeypatch):
     from msa_models import quantize
 
-    monkeypatch.setenv("MSA_BF16_PREFILL", "1")
-    assert quantize.bf16_prefill_copies(10 ** 12)
-    monkeypatch.setenv("MSA_BF16_PREFILL", "0")
-    assert not quantize.bf16_prefill_copies(1000)
-    monkeypatch.delenv("MSA_BF16_PREFILL")
+    monkeypatch.setenv("MSA_PREFILL_COPY", "bf16")
+    assert quantize.prefill_copy_dtype(10 ** 12) == torch.bfloat16
+    monkeypatch.setenv("MSA_PREFILL_COPY", "fp32")
+    assert quantize.prefill_copy_dtype(1000) == torch.float32
+    monkeypatch.setenv("MSA_PREFILL_COPY", "none")
+    assert quantize.prefill_copy_dtype(1000) is None
+    monkeypatch.delenv("MSA_PREFILL_COPY")
     monkeypatch.setattr(quantize, "native_bf16", lambda: True)
-    assert quantize.bf16_prefill_copies(100_000_000)                  # the embedded model's size
-    assert not quantize.bf16_prefill_copies(quantize.PREFILL_COPY_MAX_BYTES)   # 2 bytes a weight: too big
+    assert quantize.prefill_copy_dtype(100_000_000) == torch.bfloat16     # the embedded model's size
+    assert quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES) is None   # 2 bytes a weight: too big
     monkeypatch.setattr(quantize, "native_bf16", lambda: False)
-    assert not quantize.bf16_prefill_copies(1000)
+    assert quantize.prefill_copy_dtype(100_000_000) == torch.float32
+    assert quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES // 2) is None   # 4 bytes a weight
 
 
-def test_a_bf16_prefill_copy_changes_the_weights_identity():
+def test_a_prefill_copy_changes_the_weights_identity():
     from msa_models.loading import computed_digest
 
-    assert computed_digest("abc", "int4", "fp32") != computed_digest("abc", "int4", "fp32", bf16_prefill=True)
+    digests = {computed_digest("abc", "int4", "fp32", prefill_copy=c) for c in (None, "bf16", "fp32")}
+    assert len(digests) == 3
 
 
 def random_tiny_model(seed=1, **overrides):

@@ -76,6 +76,23 @@ def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, monkeypatch):
+    """Where the CPU has no bf16 units, int4 layers prefill from an fp32 copy: chunks of more
+    than PREFILL_ROWS tokens then compute what the dequantized model computes (its head int8)."""
+    monkeypatch.setenv("MSA_PREFILL_COPY", "fp32")
+    quant = load_model(str(q4_gguf), converted_root=None)
+    monkeypatch.setenv("MSA_PREFILL_COPY", "none")
+    without = load_model(str(q4_gguf), converted_root=None)
+    assert len({quant.digest, without.digest}) == 2                         # K/V differ: the prefix cache keys on it
+    plain = load_model(str(q4_gguf), converted_root=None, quant="none")
+    reference = copy.deepcopy(plain.model)
+    reference.lm_head = torch.nn.Linear(192, 262, bias=False)
+    reference.lm_head.weight = torch.nn.Parameter(dequantize_int8(*quantize_int8(plain.model.embed_tokens.weight.detach())))
+    ids = list(range(3, 243, 6))                                             # 40 tokens: one prefill chunk
+    expected = reference(torch.tensor(ids), reference.new_cache(), all_logits=True)
+    assert_close(logits(quant, ids), expected, atol=1e-4, what="fp32 copy")
+
+
 def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_path, monkeypatch):
     """The first int4 load reads the Q4_1 blocks out of the GGUF and keeps them; the next takes
     the kept copy without parsing the GGUF's metadata, and computes the same."""
