@@ -103,8 +103,8 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _stored_quantization(reader) -> str | None:
-    """"int4" when every weight of the layers' matmuls is Q4_1, our int4 format: such a file's
-    weights are used as they are, in int4 (no dequantized copy in memory); else None (floats)."""
+    """How the file stores its layers: "int4" when every matmul weight of every layer is Q4_1,
+    our int4 format (such weights are used as they are, by default); else None (floats)."""
     from gguf import GGMLQuantizationType
 
     types = {t.tensor_type for t in reader.tensors

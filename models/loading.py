@@ -105,7 +105,7 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     copy in its own mode, anything else in floating point.
 
     `converted_root` is where GGUF files keep a converted copy for fast later loads. A GGUF's
-    Q4_1 tensors become int4 weights straight from its blocks when `quant` is "int4".
+    Q4_1 tensors become int4 weights straight from its blocks when it loads in int4.
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)

@@ -152,8 +152,8 @@ def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
     bf16 where the CPU has bf16 units, else fp32, if the copies take at most
     PREFILL_COPY_MAX_BYTES and an eighth of the memory. MSA_PREFILL_COPY=bf16, fp32 or none
     overrides. The embedded model (README): a bf16 copy takes 212 MB, and prefill of 512 tokens
-    went 547 -> 959 tok/s, perplexity 8.795 -> 8.791; with AVX2 kernels only, an fp32 copy
-    (424 MB) prefilled 2K tokens at 413 tok/s against the int4 kernel's 327."""
+    went 547 -> 959 tok/s, perplexity 8.795 -> 8.791; with PyTorch's kernels held to AVX2, an
+    fp32 copy (424 MB) prefilled 2K tokens at 428 tok/s against the int4 kernel's 337."""
     import psutil
 
     forced = os.environ.get("MSA_PREFILL_COPY")
