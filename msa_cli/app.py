@@ -88,10 +88,13 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_
 
 
 def _check_precision(quant, dtype: str = "fp32") -> None:
-    if quant is not None and quant not in ("int8", "int4", "none"):
-        raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
-    if dtype not in ("fp32", "bf16"):
-        raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
+    from msa_models.loading import DTYPES, FLOAT
+    from msa_models.quantize import MODES
+
+    if quant is not None and quant not in (*MODES, FLOAT):
+        raise typer.BadParameter(f"{quant!r} is not one of {', '.join((*MODES, FLOAT))}", param_hint="--quant")
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPES)}", param_hint="--dtype")
 
 
 def _print_rows(rows: list[dict], json_out: bool, title: str) -> None:
@@ -225,7 +228,9 @@ def _check_verbosity(quiet: bool, verbose: bool) -> None:
 
 
 def _note(message: str) -> None:
-    print(f"msa: {message}", file=sys.stderr, flush=True)
+    from .runtime import stderr_note
+
+    stderr_note(message)
 
 
 def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:

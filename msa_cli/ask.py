@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prefix_cache.tokens import TokenMemo
 from .prompt import Prompt, build_prompt
 from .read_speed import duration, known_speed, record_speed, speed_key
-from .runtime import kv_storage_dir
+from .runtime import kv_storage_dir, stderr_note
 from .sampling import Sampler
 from .sources import SourceTracker
 
@@ -113,7 +112,7 @@ def stream_prompt(loaded, prompt: Prompt, document: Document | Context,
     speed = read_speed_key(loaded, settings)
     joined = isinstance(document, Context) and document.joined
     if settings.summary and (joined or timings.prefill_tokens >= LONG_READ_TOKENS):
-        _stderr_note(reading_summary(document, prompt, cached_tokens=answer.cached_tokens,
+        stderr_note(reading_summary(document, prompt, cached_tokens=answer.cached_tokens,
                                      tok_s=known_speed(settings.speed_dir, speed)))
     start = time.perf_counter()
     with reading_progress(timings.prefill_tokens, enabled=settings.show_progress) as advance:
@@ -195,11 +194,7 @@ def open_prefix_cache(loaded, cache, prompt: Prompt, document: Document,
     ident = identity(loaded, dtype=cache.dtype, block_size=cache.block_size, attention=attention_identity(cache))
     return PrefixCache(settings.prefix_cache, identity=ident, context=prompt.ids[:prompt.context_length],
                        block_size=cache.block_size, source="stdin" if document.name == "-" else document.name,
-                       model=loaded.name, note=_stderr_note if settings.show_notes else lambda message: None)
-
-
-def _stderr_note(message: str) -> None:
-    print(f"msa: {message}", file=sys.stderr, flush=True)
+                       model=loaded.name, note=stderr_note if settings.show_notes else lambda message: None)
 
 
 def prefill_prompt(model, cache, prompt: Prompt, stored: PrefixCache | None, *,

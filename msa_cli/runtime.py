@@ -38,12 +38,13 @@ def set_threads(threads: int | None) -> int:
 _loaded: dict = {}
 
 
-def _stderr_note(message: str) -> None:
+def stderr_note(message: str) -> None:
+    """A line on stderr for the user ("msa: ..."), kept off stdout so that pipes stay clean."""
     print(f"msa: {message}", file=sys.stderr, flush=True)
 
 
 def load(model: str, *, cache: str | None = None, quant: str | None = None, dtype: str = "fp32",
-         note=_stderr_note):
+         note=stderr_note):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa_models import load_model
