@@ -88,13 +88,12 @@ def _attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_
 
 
 def _check_precision(quant, dtype: str = "fp32") -> None:
-    from msa_models.loading import DTYPES, FLOAT
-    from msa_models.quantize import MODES
-
-    if quant is not None and quant not in (*MODES, FLOAT):
-        raise typer.BadParameter(f"{quant!r} is not one of {', '.join((*MODES, FLOAT))}", param_hint="--quant")
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPES)}", param_hint="--dtype")
+    # the lists of msa_models.quantize.MODES + loading.FLOAT and loading.DTYPES, written out:
+    # importing them would import PyTorch, which a --server client never needs
+    if quant is not None and quant not in ("int8", "int4", "none"):
+        raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
+    if dtype not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
 
 
 def _print_rows(rows: list[dict], json_out: bool, title: str) -> None:
