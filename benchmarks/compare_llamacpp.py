@@ -36,7 +36,9 @@ import time
 from pathlib import Path
 
 LLAMA_CPP_VERSION = "0.3.36"
-DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "llamacpp-venv"
+DEFAULT_VENV = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "llamacpp-venv"
+)
 
 # Run inside the llama-cpp-python environment: a JSON job on stdin, one JSON result on stdout.
 LLAMA_WORKER = r"""
@@ -70,15 +72,17 @@ def msa_worker(job: dict) -> dict:
 
     import torch
 
-    from msa_cli.generate import prefill
-    from msa_models.loading import load_model
+    from msa.generate import prefill
+    from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])
     quant = job["weights"] if job["weights"] in ("int8", "int4") else "none"
     dtype = job["weights"] if job["weights"] in ("fp32", "bf16") else "fp32"
-    loaded = load_model(job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype)
+    loaded = load_model(
+        job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype
+    )
     model, ids, decode = loaded.model, job["ids"], job["decode"]
-    warm = model.new_cache(capacity=64)            # first calls build kernels' buffers: not timed
+    warm = model.new_cache(capacity=64)  # first calls build kernels' buffers: not timed
     model(torch.tensor(ids[:32]), warm)
     model(torch.tensor(decode[:1]), warm)
     del warm
@@ -90,16 +94,28 @@ def msa_worker(job: dict) -> dict:
     for token in decode:
         model(torch.tensor([token]), cache)
     decode_s, decode_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    return {"prefill_s": prefill_s, "decode_s": decode_s, "prefill_cpu_s": prefill_cpu_s, "decode_cpu_s": decode_cpu_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "prefill_cpu_s": prefill_cpu_s,
+        "decode_cpu_s": decode_cpu_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def install(venv: Path) -> None:
-    print(f"creating {venv} and building llama-cpp-python {LLAMA_CPP_VERSION} for this CPU "
-          f"(10 minutes or more)", flush=True)
+    print(
+        f"creating {venv} and building llama-cpp-python {LLAMA_CPP_VERSION} for this CPU "
+        f"(10 minutes or more)",
+        flush=True,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
-    subprocess.run([str(venv / "bin" / "pip"), "install", f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=env)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+        check=True,
+        env=env,
+    )
 
 
 def parse_lengths(spec: str) -> list[int]:
@@ -112,7 +128,9 @@ def parse_lengths(spec: str) -> list[int]:
 
 def run_child(command: list[str], job: dict, timeout: float) -> dict:
     try:
-        done = subprocess.run(command, input=json.dumps(job), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            command, input=json.dumps(job), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:
@@ -121,18 +139,31 @@ def run_child(command: list[str], job: dict, timeout: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--install", action="store_true", help="build llama-cpp-python into --venv first")
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"its virtual environment [{DEFAULT_VENV}]")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--install", action="store_true", help="build llama-cpp-python into --venv first"
+    )
+    parser.add_argument(
+        "--venv", type=Path, default=DEFAULT_VENV, help=f"its virtual environment [{DEFAULT_VENV}]"
+    )
     parser.add_argument("--gguf", default=None, help="the GGUF file [the embedded model's]")
-    parser.add_argument("--lengths", default="512,2k,8k,32k", help="context lengths, comma-separated; k suffix")
+    parser.add_argument(
+        "--lengths", default="512,2k,8k,32k", help="context lengths, comma-separated; k suffix"
+    )
     parser.add_argument("--decode", type=int, default=32, help="tokens decoded after each prompt")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--msa", default="int4", help="msa weights to run, comma-separated: int4, int8, fp32, bf16")
+    parser.add_argument(
+        "--msa", default="int4", help="msa weights to run, comma-separated: int4, int8, fp32, bf16"
+    )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
-    parser.add_argument("--converted-root", type=Path, default=None, help="msa's converted-model cache")
+    parser.add_argument(
+        "--converted-root", type=Path, default=None, help="msa's converted-model cache"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -144,12 +175,17 @@ def main() -> None:
         install(args.venv)
     python = args.venv / "bin" / "python"
     if not args.no_llamacpp and not python.exists():
-        raise SystemExit(f"no llama-cpp-python environment at {args.venv}: run with --install (or --no-llamacpp)")
+        raise SystemExit(
+            f"no llama-cpp-python environment at {args.venv}: run with --install (or --no-llamacpp)"
+        )
     if args.gguf is None:
-        from msa_models.registry import DEFAULT_MODEL, KNOWN_MODELS, packaged_file
+        from msa.models.registry import DEFAULT_MODEL, KNOWN_MODELS, packaged_file
 
         args.gguf = str(packaged_file(KNOWN_MODELS[DEFAULT_MODEL]))
-    converted = args.converted_root or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "models"
+    converted = (
+        args.converted_root
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "models"
+    )
 
     import random
 
@@ -158,10 +194,15 @@ def main() -> None:
     if not args.no_llamacpp:
         engines += [("llama.cpp", "fa off"), ("llama.cpp", "fa on")]
     rows = []
-    print(f"{Path(args.gguf).name}, {args.threads} threads, decode {args.decode} tokens, "
-          f"{platform.processor() or platform.machine()}", flush=True)
-    header = (f"{'length':>7} {'engine':<10} {'setting':<7} {'prefill tok/s':>14} {'decode tok/s':>13} "
-              f"{'prefill tok/cpu-s':>18} {'decode tok/cpu-s':>17} {'peak MB':>8}")
+    print(
+        f"{Path(args.gguf).name}, {args.threads} threads, decode {args.decode} tokens, "
+        f"{platform.processor() or platform.machine()}",
+        flush=True,
+    )
+    header = (
+        f"{'length':>7} {'engine':<10} {'setting':<7} {'prefill tok/s':>14} {'decode tok/s':>13} "
+        f"{'prefill tok/cpu-s':>18} {'decode tok/cpu-s':>17} {'peak MB':>8}"
+    )
     print(header, flush=True)
     for length in parse_lengths(args.lengths):
         ids = [rng.randrange(256, 49152) for _ in range(length)]
@@ -178,28 +219,49 @@ def main() -> None:
             row = {"length": length, "engine": engine, "setting": setting, "threads": args.threads}
             if "error" in result:
                 row["error"] = result["error"]
-                print(f"{length:>7} {engine:<10} {setting:<7} failed: {result['error']}", flush=True)
+                print(
+                    f"{length:>7} {engine:<10} {setting:<7} failed: {result['error']}", flush=True
+                )
             else:
-                row.update(prefill_tok_s=round(length / result["prefill_s"], 1),
-                           decode_tok_s=round(len(decode) / result["decode_s"], 1),
-                           prefill_tok_per_cpu_s=round(length / result["prefill_cpu_s"], 1),
-                           decode_tok_per_cpu_s=round(len(decode) / result["decode_cpu_s"], 1),
-                           peak_rss_mb=round(result["peak_rss_mb"], 1))
+                row.update(
+                    prefill_tok_s=round(length / result["prefill_s"], 1),
+                    decode_tok_s=round(len(decode) / result["decode_s"], 1),
+                    prefill_tok_per_cpu_s=round(length / result["prefill_cpu_s"], 1),
+                    decode_tok_per_cpu_s=round(len(decode) / result["decode_cpu_s"], 1),
+                    peak_rss_mb=round(result["peak_rss_mb"], 1),
+                )
                 if "version" in result:
                     row["version"] = result["version"]
-                print(f"{length:>7} {engine:<10} {setting:<7} {row['prefill_tok_s']:>14} {row['decode_tok_s']:>13} "
-                      f"{row['prefill_tok_per_cpu_s']:>18} {row['decode_tok_per_cpu_s']:>17} {row['peak_rss_mb']:>8}",
-                      flush=True)
+                print(
+                    f"{length:>7} {engine:<10} {setting:<7} {row['prefill_tok_s']:>14} {row['decode_tok_s']:>13} "
+                    f"{row['prefill_tok_per_cpu_s']:>18} {row['decode_tok_per_cpu_s']:>17} {row['peak_rss_mb']:>8}",
+                    flush=True,
+                )
             rows.append(row)
     ratios = compare(rows)
     if ratios:
-        print("\nmsa / llama.cpp (the faster of flash attention off and on, per length and figure):")
+        print(
+            "\nmsa / llama.cpp (the faster of flash attention off and on, per length and figure):"
+        )
         for r in ratios:
-            print(f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} decode x{r['decode_ratio']:<6}"
-                  f" per CPU-second: prefill x{r['prefill_cpu_ratio']:<6} decode x{r['decode_cpu_ratio']}")
+            print(
+                f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} decode x{r['decode_ratio']:<6}"
+                f" per CPU-second: prefill x{r['prefill_cpu_ratio']:<6} decode x{r['decode_cpu_ratio']}"
+            )
     if args.json:
-        args.json.write_text(json.dumps({"gguf": args.gguf, "threads": args.threads, "decode_tokens": args.decode,
-                                         "machine": platform.machine(), "rows": rows, "ratios": ratios}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "gguf": args.gguf,
+                    "threads": args.threads,
+                    "decode_tokens": args.decode,
+                    "machine": platform.machine(),
+                    "rows": rows,
+                    "ratios": ratios,
+                },
+                indent=1,
+            )
+        )
 
 
 def compare(rows: list[dict]) -> list[dict]:
@@ -215,11 +277,18 @@ def compare(rows: list[dict]) -> list[dict]:
         best_decode_cpu = max(r["decode_tok_per_cpu_s"] for r in llama)
         for r in ok:
             if r["length"] == length and r["engine"] == "msa":
-                out.append({"length": length, "msa": r["setting"],
-                            "prefill_ratio": round(r["prefill_tok_s"] / best_prefill, 2),
-                            "decode_ratio": round(r["decode_tok_s"] / best_decode, 2),
-                            "prefill_cpu_ratio": round(r["prefill_tok_per_cpu_s"] / best_prefill_cpu, 2),
-                            "decode_cpu_ratio": round(r["decode_tok_per_cpu_s"] / best_decode_cpu, 2)})
+                out.append(
+                    {
+                        "length": length,
+                        "msa": r["setting"],
+                        "prefill_ratio": round(r["prefill_tok_s"] / best_prefill, 2),
+                        "decode_ratio": round(r["decode_tok_s"] / best_decode, 2),
+                        "prefill_cpu_ratio": round(
+                            r["prefill_tok_per_cpu_s"] / best_prefill_cpu, 2
+                        ),
+                        "decode_cpu_ratio": round(r["decode_tok_per_cpu_s"] / best_decode_cpu, 2),
+                    }
+                )
     return out
 
 

@@ -17,17 +17,16 @@ import time
 from pathlib import Path
 
 import torch
-
-from msa_cli.generate import prefill
-from msa_cli.runtime import load
-from msa_models.fused_decode import fused_step, per_op_decode
-
 from compare_llamacpp import parse_lengths
+
+from msa.generate import prefill
+from msa.models.fused_decode import fused_step, per_op_decode
+from msa.runtime import load
 
 
 def best_step_ms(model, cache, token: torch.Tensor, steps: int, repeats: int) -> float:
     start_length = cache.length
-    model(token, cache)                                   # warm: first-call buffers
+    model(token, cache)  # warm: first-call buffers
     cache.truncate(start_length)
     best = float("inf")
     for _ in range(repeats):
@@ -41,7 +40,9 @@ def best_step_ms(model, cache, token: torch.Tensor, steps: int, repeats: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="512,2k,8k", help="context lengths, comma-separated; k suffix")
+    parser.add_argument(
+        "--lengths", default="512,2k,8k", help="context lengths, comma-separated; k suffix"
+    )
     parser.add_argument("--quant", default="int4", help="int4, int8 or fp32")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -57,8 +58,13 @@ def main() -> None:
     rows = []
     for n in parse_lengths(args.lengths):
         cache = model.new_cache(capacity=n + args.steps + 8)
-        prefill(model, cache, torch.randint(0, model.config.vocab_size, (n,),
-                                            generator=torch.Generator().manual_seed(n)).tolist())
+        prefill(
+            model,
+            cache,
+            torch.randint(
+                0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)
+            ).tolist(),
+        )
         fused_logits = model(token, cache)
         cache.truncate(n)
         with per_op_decode(model):
@@ -66,15 +72,28 @@ def main() -> None:
             cache.truncate(n)
             per_op_ms = best_step_ms(model, cache, token, args.steps, args.repeats)
         fused_ms = best_step_ms(model, cache, token, args.steps, args.repeats)
-        rows.append({"length": n, "quant": args.quant, "per_op_ms": round(per_op_ms, 2), "fused_ms": round(fused_ms, 2),
-                     "speedup": round(per_op_ms / fused_ms, 2),
-                     "logits_rel_diff": float((fused_logits - per_op_logits).abs().max() / per_op_logits.abs().max()),
-                     "same_token": bool(fused_logits.argmax() == per_op_logits.argmax())})
+        rows.append(
+            {
+                "length": n,
+                "quant": args.quant,
+                "per_op_ms": round(per_op_ms, 2),
+                "fused_ms": round(fused_ms, 2),
+                "speedup": round(per_op_ms / fused_ms, 2),
+                "logits_rel_diff": float(
+                    (fused_logits - per_op_logits).abs().max() / per_op_logits.abs().max()
+                ),
+                "same_token": bool(fused_logits.argmax() == per_op_logits.argmax()),
+            }
+        )
     print(f"decode step of {loaded.name}, {args.quant} weights, {args.threads} threads")
-    print(f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}{'logits diff':>13}{'same token':>12}")
+    print(
+        f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}{'logits diff':>13}{'same token':>12}"
+    )
     for r in rows:
-        print(f"{r['length']:>8}{r['per_op_ms']:>11.2f}{r['fused_ms']:>10.2f}{r['speedup']:>8.2f}x"
-              f"{r['logits_rel_diff']:>13.1e}{str(r['same_token']):>12}")
+        print(
+            f"{r['length']:>8}{r['per_op_ms']:>11.2f}{r['fused_ms']:>10.2f}{r['speedup']:>8.2f}x"
+            f"{r['logits_rel_diff']:>13.1e}{str(r['same_token']):>12}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -17,19 +17,18 @@ import json
 from pathlib import Path
 
 import torch
-
-from msa_cli.evals import run_passkey
-from msa_cli.runtime import load
-from msa_models.attention_settings import AttentionSettings
-
 from quantization import perplexity, stdlib_text
+
+from msa.evals import run_passkey
+from msa.models.attention_settings import AttentionSettings
+from msa.runtime import load
 
 KV_DTYPES = ["auto", "int8"]
 
 
 def block_bytes_per_token(model, ids: torch.Tensor, settings: AttentionSettings) -> float:
     cache = model.new_cache(settings=settings)
-    model(ids[:cache.block_size], cache)
+    model(ids[: cache.block_size], cache)
     return sum(t.nbytes for t in cache.export_block(0).values()) / cache.block_size
 
 
@@ -46,20 +45,34 @@ def main() -> None:
     loaded, _ = load("smollm2-135m")
     ids = torch.tensor(loaded.tokenizer.encode(stdlib_text()))[: args.tokens]
     settings = {name: AttentionSettings(kv_dtype=name) for name in KV_DTYPES}
-    passkey = run_passkey(loaded, [args.passkey_length], args.depths, list(settings.items()), dense_limit=0)
+    passkey = run_passkey(
+        loaded, [args.passkey_length], args.depths, list(settings.items()), dense_limit=0
+    )
     answers = {row["attention"]: [r["answer"] for r in row["results"]] for row in passkey}
     rows = []
     for (name, s), pk in zip(settings.items(), passkey):
-        rows.append({"kv_dtype": name, "perplexity": round(perplexity(loaded.model, ids, settings=s), 3),
-                     "passkey_correct": pk["correct"], "passkey_total": pk["total"],
-                     "same_answers": sum(a == b for a, b in zip(answers[name], answers["auto"])),
-                     "bytes_per_token": round(block_bytes_per_token(loaded.model, ids, s))})
-    print(f"{len(ids)} tokens of stdlib source; pass key at {args.passkey_length} tokens, {args.depths} depths; "
-          f"threads {torch.get_num_threads()}")
-    print(f"{'kv dtype':<10}{'perplexity':>11}{'pass key':>10}{'same answers':>14}{'bytes/token':>13}")
+        rows.append(
+            {
+                "kv_dtype": name,
+                "perplexity": round(perplexity(loaded.model, ids, settings=s), 3),
+                "passkey_correct": pk["correct"],
+                "passkey_total": pk["total"],
+                "same_answers": sum(a == b for a, b in zip(answers[name], answers["auto"])),
+                "bytes_per_token": round(block_bytes_per_token(loaded.model, ids, s)),
+            }
+        )
+    print(
+        f"{len(ids)} tokens of stdlib source; pass key at {args.passkey_length} tokens, {args.depths} depths; "
+        f"threads {torch.get_num_threads()}"
+    )
+    print(
+        f"{'kv dtype':<10}{'perplexity':>11}{'pass key':>10}{'same answers':>14}{'bytes/token':>13}"
+    )
     for r in rows:
-        print(f"{r['kv_dtype']:<10}{r['perplexity']:>11}{r['passkey_correct']:>7}/{r['passkey_total']:<2}"
-              f"{r['same_answers']:>14}{r['bytes_per_token']:>13,}")
+        print(
+            f"{r['kv_dtype']:<10}{r['perplexity']:>11}{r['passkey_correct']:>7}/{r['passkey_total']:<2}"
+            f"{r['same_answers']:>14}{r['bytes_per_token']:>13,}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -42,8 +42,20 @@ def stdlib_document(n_tokens: int, chars_per_token: float = 3.2) -> str:
 
 
 def ask(doc: Path, question: str, cache_dir: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "msa_cli.app", "ask", str(doc), question, "--json", "-n", "8",
-           "--cache-dir", str(cache_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "msa.app",
+        "ask",
+        str(doc),
+        question,
+        "--json",
+        "-n",
+        "8",
+        "--cache-dir",
+        str(cache_dir),
+        *extra,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -54,7 +66,9 @@ def disk_bytes(folder: Path) -> int:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=100_000, help="about how long the document is")
+    parser.add_argument(
+        "--tokens", type=int, default=100_000, help="about how long the document is"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--kv-dtype", default="auto", help="msa ask's --kv-dtype: auto or int8")
     parser.add_argument("--json", help="write the results here")
@@ -68,17 +82,34 @@ def main():
         first = ask(doc, QUESTIONS[0], cache_dir, extra)
         second = ask(doc, QUESTIONS[1], cache_dir, extra)
         prefix_bytes = disk_bytes(cache_dir / "prefix")
-    rows = [{"ask": name, "prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
-             "prefill_tokens": r["prefill_tokens"], "ttft_s": r["ttft_s"], "load_s": r["load_s"]}
-            for name, r in (("first", first), ("second", second))]
-    summary = {"document_tokens": second["cached_tokens"], "ttft_ratio": round(first["ttft_s"] / second["ttft_s"], 1),
-               "disk_bytes_per_token": round(prefix_bytes / max(second["cached_tokens"], 1)), "rows": rows,
-               "cpu_threads": args.threads or os.cpu_count(), "kv_dtype": args.kv_dtype}
+    rows = [
+        {
+            "ask": name,
+            "prompt_tokens": r["prompt_tokens"],
+            "cached_tokens": r["cached_tokens"],
+            "prefill_tokens": r["prefill_tokens"],
+            "ttft_s": r["ttft_s"],
+            "load_s": r["load_s"],
+        }
+        for name, r in (("first", first), ("second", second))
+    ]
+    summary = {
+        "document_tokens": second["cached_tokens"],
+        "ttft_ratio": round(first["ttft_s"] / second["ttft_s"], 1),
+        "disk_bytes_per_token": round(prefix_bytes / max(second["cached_tokens"], 1)),
+        "rows": rows,
+        "cpu_threads": args.threads or os.cpu_count(),
+        "kv_dtype": args.kv_dtype,
+    }
     print(f"{'ask':<8}{'prompt':>9}{'cached':>9}{'prefill':>9}{'ttft_s':>9}")
     for r in rows:
-        print(f"{r['ask']:<8}{r['prompt_tokens']:>9,}{r['cached_tokens']:>9,}{r['prefill_tokens']:>9,}{r['ttft_s']:>9.2f}")
-    print(f"second ask {summary['ttft_ratio']}x faster to the first token; "
-          f"{summary['disk_bytes_per_token']:,} bytes on disk per cached token")
+        print(
+            f"{r['ask']:<8}{r['prompt_tokens']:>9,}{r['cached_tokens']:>9,}{r['prefill_tokens']:>9,}{r['ttft_s']:>9.2f}"
+        )
+    print(
+        f"second ask {summary['ttft_ratio']}x faster to the first token; "
+        f"{summary['disk_bytes_per_token']:,} bytes on disk per cached token"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

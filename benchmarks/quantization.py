@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from msa_models.attention_settings import AttentionSettings
-from msa_models.loading import load_model
-from msa_models.quantize import quantize_model
+from msa.models.attention_settings import AttentionSettings
+from msa.models.loading import load_model
+from msa.models.quantize import quantize_model
 
-STDLIB_FILES = ["textwrap.py", "json/decoder.py", "argparse.py"]   # read in this order
+STDLIB_FILES = ["textwrap.py", "json/decoder.py", "argparse.py"]  # read in this order
 PRECISIONS = ["fp32", "bf16", "int8", "int4", "q4_1"]
 
 
@@ -53,14 +53,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def perplexity(model, ids: torch.Tensor, chunk: int = 512, settings: AttentionSettings | None = None) -> float:
+def perplexity(
+    model, ids: torch.Tensor, chunk: int = 512, settings: AttentionSettings | None = None
+) -> float:
     """Perplexity of `ids` read in chunks, under `settings` (default: dense attention)."""
     cache = model.new_cache(capacity=len(ids), settings=settings or AttentionSettings(mode="dense"))
     nll, n = 0.0, 0
     for start in range(0, len(ids) - 1, chunk):
-        piece = ids[start:start + chunk]
+        piece = ids[start : start + chunk]
         logits = model(piece, cache, all_logits=True)
-        target = ids[start + 1:start + 1 + len(piece)]
+        target = ids[start + 1 : start + 1 + len(piece)]
         nll += F.cross_entropy(logits[: len(target)], target, reduction="sum").item()
         n += len(target)
     return float(torch.exp(torch.tensor(nll / n)))
@@ -80,22 +82,30 @@ def speed(model, ids: torch.Tensor, n_prefill: int, n_decode: int) -> tuple[floa
 def load(precision: str, converted_root):
     """The model at `precision` (see the module's docstring)."""
     if precision in ("fp32", "bf16"):
-        return load_model("smollm2-135m", converted_root=converted_root, dtype=precision, quant="none").model
+        return load_model(
+            "smollm2-135m", converted_root=converted_root, dtype=precision, quant="none"
+        ).model
     if precision == "q4_1":
         return load_model("smollm2-135m", converted_root=converted_root, quant="int4").model
-    if precision == "int4":   # requantize the dequantized fp32 weights
-        return quantize_model(load_model("smollm2-135m", converted_root=converted_root, quant="none").model, "int4")
+    if precision == "int4":  # requantize the dequantized fp32 weights
+        return quantize_model(
+            load_model("smollm2-135m", converted_root=converted_root, quant="none").model, "int4"
+        )
     return load_model("smollm2-135m", converted_root=converted_root, quant=precision).model
 
 
 def run(precision: str, ids: torch.Tensor, args) -> dict:
     model = load(precision, args.converted_root)
-    speed(model, ids, 64, 2)                                    # warm up (first-call buffers)
+    speed(model, ids, 64, 2)  # warm up (first-call buffers)
     runs = [speed(model, ids, args.prefill, args.decode) for _ in range(args.repeats)]
-    return {"precision": precision, "weight_mb": round(weight_bytes(model) / 1e6, 1),
-            "prefill_tok_s": round(max(r[0] for r in runs), 1), "decode_tok_s": round(max(r[1] for r in runs), 1),
-            "perplexity": round(perplexity(model, ids[: args.tokens]), 3),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "precision": precision,
+        "weight_mb": round(weight_bytes(model) / 1e6, 1),
+        "prefill_tok_s": round(max(r[0] for r in runs), 1),
+        "decode_tok_s": round(max(r[1] for r in runs), 1),
+        "perplexity": round(perplexity(model, ids[: args.tokens]), 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def main() -> None:
@@ -103,10 +113,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048, help="tokens of text for perplexity")
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--decode", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per precision; the best is kept")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="timed runs per precision; the best is kept"
+    )
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--converted-root", type=Path, default=None, help="where to keep the converted GGUF")
+    parser.add_argument(
+        "--converted-root", type=Path, default=None, help="where to keep the converted GGUF"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -120,19 +134,27 @@ def main() -> None:
         print(json.dumps(run(args.worker, ids, args)))
         return
     print(f"text: {', '.join(STDLIB_FILES)} ({len(ids)} tokens), threads {torch.get_num_threads()}")
-    print(f"{'precision':<10}{'weights MB':>11}{'peak RSS MB':>12}{'prefill tok/s':>15}{'decode tok/s':>14}"
-          f"{'perplexity':>12}")
+    print(
+        f"{'precision':<10}{'weights MB':>11}{'peak RSS MB':>12}{'prefill tok/s':>15}{'decode tok/s':>14}"
+        f"{'perplexity':>12}"
+    )
     rows = []
     for precision in args.precisions.split(","):
         child = [sys.executable, __file__, "--worker", precision, *sys.argv[1:]]
         done = subprocess.run(child, capture_output=True, text=True)
         if done.returncode != 0:
-            print(f"{precision:<10} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
+            print(
+                f"{precision:<10} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}",
+                flush=True,
+            )
             continue
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(f"{precision:<10}{row['weight_mb']:>11}{row['peak_rss_mb']:>12}{row['prefill_tok_s']:>15}"
-              f"{row['decode_tok_s']:>14}{row['perplexity']:>12}", flush=True)
+        print(
+            f"{precision:<10}{row['weight_mb']:>11}{row['peak_rss_mb']:>12}{row['prefill_tok_s']:>15}"
+            f"{row['decode_tok_s']:>14}{row['perplexity']:>12}",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -48,26 +48,35 @@ def answer_rows(loaded, local_cache: Path, max_tokens: int) -> list[dict]:
     or not: unexplained; in this order the two first answers took 8.0 and 7.9 s.)"""
     from serving import serving
 
-    from msa_cli.ask import AskSettings, stream_answer
-    from msa_cli.context import read_context
-    from msa_cli.prefix_cache import CacheOptions, prefix_dir
-    from msa_cli.remote import Server
-    from msa_cli.remote_commands import Sampling, first_messages
+    from msa.ask import AskSettings, stream_answer
+    from msa.context import read_context
+    from msa.prefix_cache import CacheOptions, prefix_dir
+    from msa.remote import Server
+    from msa.remote_commands import Sampling, first_messages
 
-    settings = AskSettings(max_tokens=max_tokens, show_progress=False, show_notes=False,
-                           prefix_cache=CacheOptions(prefix_dir(local_cache)))
+    settings = AskSettings(
+        max_tokens=max_tokens,
+        show_progress=False,
+        show_notes=False,
+        prefix_cache=CacheOptions(prefix_dir(local_cache)),
+    )
     sampling = Sampling(max_tokens, 0.0, 1.0, None, None)
     document = read_context([str(EXAMPLE)])
     warm_up = AskSettings(max_tokens=2, show_progress=False, show_notes=False)
-    "".join(stream_answer(loaded, document, "Hello?", warm_up)[1])   # the process's first forward is slow
+    "".join(
+        stream_answer(loaded, document, "Hello?", warm_up)[1]
+    )  # the process's first forward is slow
     rows = []
-    with serving(loaded, max_tokens=max_tokens) as url:      # its prefix cache: $MSA_CACHE_DIR's
+    with serving(loaded, max_tokens=max_tokens) as url:  # its prefix cache: $MSA_CACHE_DIR's
         server = Server(url, api_key=None, timeout=600)
         for i, question in enumerate(QUESTIONS, 1):
             start = time.perf_counter()
-            answer, pieces = server.stream_chat(first_messages(sampling, document, question), model=loaded.name,
-                                                **sampling.request())
-            text, first, total = timed(start, pieces)     # the usage counts arrive with the last event
+            answer, pieces = server.stream_chat(
+                first_messages(sampling, document, question),
+                model=loaded.name,
+                **sampling.request(),
+            )
+            text, first, total = timed(start, pieces)  # the usage counts arrive with the last event
             rows.append(row("msa serve + --server", i, answer.cached_tokens, text, first, total))
             start = time.perf_counter()
             answer, pieces = stream_answer(loaded, document, question, settings)
@@ -75,40 +84,65 @@ def answer_rows(loaded, local_cache: Path, max_tokens: int) -> list[dict]:
     return rows
 
 
-def row(path: str, question: int, cached_tokens: int, text: str, first: float, total: float) -> dict:
-    return {"path": path, "question": question, "cached_tokens": cached_tokens, "first_piece_s": round(first, 3),
-            "answer_s": round(total, 3), "answer": text}
+def row(
+    path: str, question: int, cached_tokens: int, text: str, first: float, total: float
+) -> dict:
+    return {
+        "path": path,
+        "question": question,
+        "cached_tokens": cached_tokens,
+        "first_piece_s": round(first, 3),
+        "answer_s": round(total, 3),
+        "answer": text,
+    }
 
 
 def import_seconds(module: str, repeats: int) -> float:
     code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-            for _ in range(repeats)]
+    runs = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(repeats)
+    ]
     return round(statistics.median(runs), 3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per import timing (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="fresh interpreters per import timing (median)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
-    from msa_cli.bench import print_table
-    from msa_cli.runtime import load
+    from msa.bench import print_table
+    from msa.runtime import load
 
     loaded, _ = load("smollm2-135m")
-    with tempfile.TemporaryDirectory() as local_cache, tempfile.TemporaryDirectory() as served_cache:
-        os.environ["MSA_CACHE_DIR"] = served_cache          # msa serve's own, empty prefix cache
+    with (
+        tempfile.TemporaryDirectory() as local_cache,
+        tempfile.TemporaryDirectory() as served_cache,
+    ):
+        os.environ["MSA_CACHE_DIR"] = served_cache  # msa serve's own, empty prefix cache
         answers = answer_rows(loaded, Path(local_cache), args.max_tokens)
     for served, local in zip(answers[::2], answers[1::2]):
         local["same_answer"] = served["same_answer"] = local["answer"] == served["answer"]
     rows = [{k: v for k, v in r.items() if k != "answer"} for r in answers]
     print_table(rows, title=f"answers: {loaded.name}, greedy, {args.max_tokens} tokens at most")
-    starts = [{"process imports": "msa ask --server (msa_cli.remote_commands)",
-               "seconds": import_seconds("msa_cli.remote_commands", args.repeats)},
-              {"process imports": "msa ask, local engine (msa_cli.ask)",
-               "seconds": import_seconds("msa_cli.ask", args.repeats)}]
+    starts = [
+        {
+            "process imports": "msa ask --server (msa.remote_commands)",
+            "seconds": import_seconds("msa.remote_commands", args.repeats),
+        },
+        {
+            "process imports": "msa ask, local engine (msa.ask)",
+            "seconds": import_seconds("msa.ask", args.repeats),
+        },
+    ]
     print_table(starts, title=f"client start-up: median of {args.repeats} fresh interpreters")
     if args.json:
         args.json.write_text(json.dumps({"answers": rows, "start_up": starts}, indent=1))

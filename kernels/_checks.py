@@ -55,7 +55,12 @@ def check_kv(k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[int, int, 
 
 
 def check_query(
-    q: torch.Tensor, n_kv_heads: int, head_dim: int, *, dims: tuple[int, ...], kv_dtype: torch.dtype | None = None
+    q: torch.Tensor,
+    n_kv_heads: int,
+    head_dim: int,
+    *,
+    dims: tuple[int, ...],
+    kv_dtype: torch.dtype | None = None,
 ) -> int:
     """Check q's rank, head count (a multiple of Hkv), head_dim and dtype; returns G = Hq // Hkv."""
     if q.dim() not in dims:
@@ -67,7 +72,9 @@ def check_query(
         raise ValueError(f"q dtype {q.dtype} differs from the K/V dtype {kv_dtype}")
     n_q_heads = q.shape[0]
     if n_q_heads == 0 or n_q_heads % n_kv_heads != 0:
-        raise ValueError(f"query heads ({n_q_heads}) must be a positive multiple of KV heads ({n_kv_heads})")
+        raise ValueError(
+            f"query heads ({n_q_heads}) must be a positive multiple of KV heads ({n_kv_heads})"
+        )
     if q.shape[-1] != head_dim:
         raise ValueError(f"q head_dim {q.shape[-1]} differs from k head_dim {head_dim}")
     return n_q_heads // n_kv_heads
@@ -83,20 +90,32 @@ def check_block_idx(block_idx: torch.Tensor, shape: tuple[int, ...], n_blocks: i
     if block_idx.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"block_idx must be int32 (or int64), got {block_idx.dtype}")
     if tuple(block_idx.shape[:-1]) != shape:
-        raise ValueError(f"block_idx must be {list(shape) + ['K']}, got shape {tuple(block_idx.shape)}")
+        raise ValueError(
+            f"block_idx must be {list(shape) + ['K']}, got shape {tuple(block_idx.shape)}"
+        )
     # Values are checked off the GPU only: on CUDA the check would cost a device sync per
     # call, and the kernels mask ids outside [0, n_blocks) anyway.
-    if not block_idx.is_cuda and block_idx.numel() and (block_idx.min() < -1 or block_idx.max() >= n_blocks):
-        raise ValueError(f"block_idx values must be -1 (unused) or in [0, {n_blocks}), the blocks holding tokens")
+    if (
+        not block_idx.is_cuda
+        and block_idx.numel()
+        and (block_idx.min() < -1 or block_idx.max() >= n_blocks)
+    ):
+        raise ValueError(
+            f"block_idx values must be -1 (unused) or in [0, {n_blocks}), the blocks holding tokens"
+        )
     return block_idx.to(torch.int32)
 
 
 def check_triton_shapes(head_dim: int, block_size: int) -> None:
     """Tile sizes of the Triton kernels: tl.dot wants powers of two of at least 16."""
     if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
-        raise ValueError(f"Triton kernels need head_dim a power of two in [16, 256], got {head_dim}")
+        raise ValueError(
+            f"Triton kernels need head_dim a power of two in [16, 256], got {head_dim}"
+        )
     if block_size & (block_size - 1) or not 16 <= block_size <= 256:
-        raise ValueError(f"Triton kernels need block_size a power of two in [16, 256], got {block_size}")
+        raise ValueError(
+            f"Triton kernels need block_size a power of two in [16, 256], got {block_size}"
+        )
 
 
 def default_scale(scale: float | None, head_dim: int) -> float:

@@ -3,14 +3,14 @@
 `triton.jit` decides at decoration time whether a kernel is compiled for the GPU or run by
 Triton's CPU interpreter (TRITON_INTERPRET=1). Decorating at launch time instead, once per
 mode, lets one process (a test session) set the variable after importing this package, and
-keeps `import msa_kernels` working where Triton is not installed.
+keeps `import msa.kernels` working where Triton is not installed.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 
 def interpreting() -> bool:

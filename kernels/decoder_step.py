@@ -3,7 +3,7 @@
 Layer (Llama style): `x += O(attn(rope(QKV(norm_in(x)))))`, `x += Down(silu(G) * U)` with
 `G, U = GateUp(norm_post(x))`; RMSNorm without offset, rotate-half RoPE over the whole head,
 GQA (query head h reads KV head h // G). The attention is dense for a token before
-`sparse_from`, else MSA as msa_models' decode path defines it (README.md beside this file has
+`sparse_from`, else MSA as msa.models' decode path defines it (README.md beside this file has
 the selection rules): the Quest bound of each full block by content (the query before RoPE
 against the summaries of keys rotated back to position 0), the sink, top-k and local window;
 from `selection_layer` on one set of blocks for every KV head (the heads' top-k taken in turn,
@@ -44,7 +44,7 @@ from .selection import select_blocks
 
 FP32, INT8, INT4 = 0, 1, 2
 SOURCE = Path(__file__).parent / "csrc" / "decoder_step.cpp"
-NEVER = 2**62     # a position no input reaches: "never sparse", "never bounded"
+NEVER = 2**62  # a position no input reaches: "never sparse", "never bounded"
 
 _extension = None
 _error: str | None = None
@@ -52,7 +52,7 @@ _error: str | None = None
 
 @dataclass(frozen=True)
 class StepSettings:
-    """The attention settings a step needs (msa_models' AttentionSettings, resolved for a cache)."""
+    """The attention settings a step needs (msa.models' AttentionSettings, resolved for a cache)."""
 
     sparse_from: int = NEVER
     bounded_from: int = NEVER
@@ -64,8 +64,15 @@ class StepSettings:
 
     def as_list(self) -> list[int]:
         layer = -1 if self.selection_layer is None else self.selection_layer
-        return [self.sparse_from, self.bounded_from, self.block_size, self.topk, self.local_blocks,
-                self.sink_blocks, layer]
+        return [
+            self.sparse_from,
+            self.bounded_from,
+            self.block_size,
+            self.topk,
+            self.local_blocks,
+            self.sink_blocks,
+            layer,
+        ]
 
 
 def linear_reference(spec, x: torch.Tensor) -> torch.Tensor:
@@ -81,14 +88,30 @@ def linear_reference(spec, x: torch.Tensor) -> torch.Tensor:
 
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE of x [..., D] by angles [..., D/2] (broadcasting)."""
-    cos, sin = torch.cat([angles.cos(), angles.cos()], -1).float(), torch.cat([angles.sin(), angles.sin()], -1).float()
+    cos, sin = (
+        torch.cat([angles.cos(), angles.cos()], -1).float(),
+        torch.cat([angles.sin(), angles.sin()], -1).float(),
+    )
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def decoder_step_reference(x, layers, keys, values, pos: int, cos, sin, *, n_heads: int, n_kv_heads: int,
-                           eps: float, settings: StepSettings = StepSettings(), summaries=None,
-                           inv_freq=None) -> torch.Tensor:
+def decoder_step_reference(
+    x,
+    layers,
+    keys,
+    values,
+    pos: int,
+    cos,
+    sin,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    eps: float,
+    settings: StepSettings = StepSettings(),
+    summaries=None,
+    inv_freq=None,
+) -> torch.Tensor:
     """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified).
 
     `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
@@ -102,15 +125,19 @@ def decoder_step_reference(x, layers, keys, values, pos: int, cos, sin, *, n_hea
         qkv = linear_reference(spec["qkv"], h)
         q0 = qkv[: n_heads * d].view(n_heads, d)
         qk = qkv[: (n_heads + n_kv_heads) * d].view(-1, d)
-        qk = qk * cos + torch.cat([-qk[:, d // 2:], qk[:, : d // 2]], dim=-1) * sin
+        qk = qk * cos + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin
         q, k = qk[:n_heads], qk[n_heads:]
         k_store[:, pos] = k
-        v_store[:, pos] = qkv[(n_heads + n_kv_heads) * d:].view(n_kv_heads, d)
+        v_store[:, pos] = qkv[(n_heads + n_kv_heads) * d :].view(n_kv_heads, d)
         if pos < settings.sparse_from:
             keys_of = [torch.arange(pos + 1)] * n_kv_heads
             k_read = [k_store[g, : pos + 1] for g in range(n_kv_heads)]
         else:
-            if shared is None or settings.selection_layer is None or layer <= settings.selection_layer:
+            if (
+                shared is None
+                or settings.selection_layer is None
+                or layer <= settings.selection_layer
+            ):
                 chosen = _msa_choice(q0, summaries[layer], pos, settings)
                 if layer == settings.selection_layer:
                     shared = _share(chosen, settings)
@@ -123,9 +150,13 @@ def decoder_step_reference(x, layers, keys, values, pos: int, cos, sin, *, n_hea
                 keys_of.append(tokens)
                 k_read.append(moved)
         group = n_heads // n_kv_heads
-        attn = torch.stack([
-            torch.softmax(k_read[hd // group] @ q[hd] * d ** -0.5, dim=0) @ v_store[hd // group, keys_of[hd // group]]
-            for hd in range(n_heads)])                                       # [Hq, D]
+        attn = torch.stack(
+            [
+                torch.softmax(k_read[hd // group] @ q[hd] * d**-0.5, dim=0)
+                @ v_store[hd // group, keys_of[hd // group]]
+                for hd in range(n_heads)
+            ]
+        )  # [Hq, D]
         x = x + linear_reference(spec["o"], attn.reshape(-1))
         h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
         gate, up = linear_reference(spec["gate_up"], h).chunk(2)
@@ -137,9 +168,16 @@ def _msa_choice(q0, summaries, pos: int, s: StepSettings):
     """Per KV head: (selected blocks ascending, how many are far, its top-k best first or None)."""
     n_kv_heads, b = summaries.shape[0], s.block_size
     n_full = pos // b
-    scores = score_blocks(q0, summaries[:, :n_full], impl="reference")            # [Hkv, n_full]
-    idx = select_blocks(scores, n_tokens=pos + 1, block_size=b, topk=s.topk, local_blocks=s.local_blocks,
-                        sink_blocks=s.sink_blocks, impl="reference")
+    scores = score_blocks(q0, summaries[:, :n_full], impl="reference")  # [Hkv, n_full]
+    idx = select_blocks(
+        scores,
+        n_tokens=pos + 1,
+        block_size=b,
+        topk=s.topk,
+        local_blocks=s.local_blocks,
+        sink_blocks=s.sink_blocks,
+        impl="reference",
+    )
     local_start = max(0, pos // b - s.local_blocks + 1)
     sink_end = min(s.sink_blocks, local_start)
     out = []
@@ -187,7 +225,7 @@ def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):
 
 def _cpu_flags() -> list[str]:
     """-O3, and AVX2/FMA where this CPU has them (the build is this machine's own)."""
-    flags = ["-O3", "-fopenmp"]   # OpenMP: at::parallel_for runs on PyTorch's threads only with it
+    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
         flags += ["-mavx2", "-mfma"]
     return flags
@@ -225,9 +263,17 @@ def compiled_extension():
 
             name, flags, folder = _build_target()
             folder.mkdir(parents=True, exist_ok=True)
-            _extension = load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                              build_directory=str(folder), verbose=False)
-        except Exception as e:   # no compiler, no ninja, no headers, no room: the per-op path remains
+            _extension = load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                verbose=False,
+            )
+        except (
+            Exception
+        ) as e:  # no compiler, no ninja, no headers, no room: the per-op path remains
             lines = str(e).strip().splitlines()
             _error = f"{type(e).__name__}: {lines[0] if lines else 'no message'}"
     return _extension
@@ -241,14 +287,36 @@ def build_error() -> str | None:
 class DecoderStep:
     """The fused step for one model's layers: weights handed over once, then `step` per token."""
 
-    def __init__(self, extension, layers: list[dict], *, hidden: int, intermediate: int, n_heads: int,
-                 n_kv_heads: int, head_dim: int, eps: float, inv_freq: torch.Tensor):
-        self._stack = extension.DecoderStack(layers, hidden, intermediate, n_heads, n_kv_heads, head_dim, eps,
-                                             inv_freq)
+    def __init__(
+        self,
+        extension,
+        layers: list[dict],
+        *,
+        hidden: int,
+        intermediate: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        eps: float,
+        inv_freq: torch.Tensor,
+    ):
+        self._stack = extension.DecoderStack(
+            layers, hidden, intermediate, n_heads, n_kv_heads, head_dim, eps, inv_freq
+        )
 
-    def step(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], pos: int,
-             cos: torch.Tensor, sin: torch.Tensor, settings: StepSettings, summaries: torch.Tensor | None = None,
-             absent: torch.Tensor | None = None, load_blocks=None) -> torch.Tensor:
+    def step(
+        self,
+        x: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        pos: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        settings: StepSettings,
+        summaries: torch.Tensor | None = None,
+        absent: torch.Tensor | None = None,
+        load_blocks=None,
+    ) -> torch.Tensor:
         """x [hidden] fp32 -> the last layer's output (x itself, updated in place).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
@@ -259,15 +327,20 @@ class DecoderStep:
         args, first, shared = settings.as_list(), 0, []
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
-            stopped, missing, shared = self._stack.step(x, keys, values, summaries, absent, pos, cos, sin, args,
-                                                        first, shared)
+            stopped, missing, shared = self._stack.step(
+                x, keys, values, summaries, absent, pos, cos, sin, args, first, shared
+            )
             if stopped < 0:
                 return x
             if load_blocks is None:
-                raise ValueError(f"layer {stopped} selected blocks {missing} that are not in the cache yet")
+                raise ValueError(
+                    f"layer {stopped} selected blocks {missing} that are not in the cache yet"
+                )
             load_blocks(stopped, missing)
             if absent[stopped, missing].any():
-                raise RuntimeError(f"blocks {missing} of layer {stopped} are still absent after loading")
+                raise RuntimeError(
+                    f"blocks {missing} of layer {stopped} are still absent after loading"
+                )
             first = stopped
 
 

@@ -39,7 +39,9 @@ def dense_attention(
     elif q_start is None:
         q_start = n_tokens - n_queries
     if q_start < 0 or q_start + n_queries > n_tokens or n_queries == 0:
-        raise ValueError(f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens")
+        raise ValueError(
+            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens"
+        )
     scale = default_scale(scale, head_dim)
     impl = choose_impl(impl, q, k, v)
     if impl == "reference":
@@ -60,7 +62,9 @@ def dense_attention_reference(
     return masked_attention_reference(q, k, v, allowed, scale)
 
 
-def dense_attention_sdpa(q: torch.Tensor, q_start: int, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def dense_attention_sdpa(
+    q: torch.Tensor, q_start: int, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q: [Hq, Tq, D]; returns [Hq, Tq, D] in q's dtype. No checks: the model's dense path
     calls it directly once per layer.
 
@@ -79,5 +83,7 @@ def dense_attention_sdpa(q: torch.Tensor, q_start: int, k: torch.Tensor, v: torc
     else:
         positions = q_start + torch.arange(n_queries, device=q.device)
         mask = causal_mask(positions, n_tokens).repeat(group, 1)  # [G*Tq, T]
-    o = F.scaled_dot_product_attention(folded, k[None], v[None], attn_mask=mask, scale=scale)  # [1, Hkv, G*Tq, D]
+    o = F.scaled_dot_product_attention(
+        folded, k[None], v[None], attn_mask=mask, scale=scale
+    )  # [1, Hkv, G*Tq, D]
     return o.view(n_q_heads, n_queries, head_dim)

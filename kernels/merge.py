@@ -14,7 +14,12 @@ from ._checks import choose_impl
 
 
 def merge_attention(
-    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor, *, impl: str | None = None
+    o1: torch.Tensor,
+    lse1: torch.Tensor,
+    o2: torch.Tensor,
+    lse2: torch.Tensor,
+    *,
+    impl: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial results. o: [..., D] (any float dtype); lse: fp32 [...].
 
@@ -37,7 +42,9 @@ def merge_attention(
     from .merge_triton import merge_splits_triton
 
     head_dim = o1.shape[-1]
-    o, lse = merge_splits_triton(parts_o.reshape(-1, 2, head_dim), parts_lse.reshape(-1, 2), o1.dtype)
+    o, lse = merge_splits_triton(
+        parts_o.reshape(-1, 2, head_dim), parts_lse.reshape(-1, 2), o1.dtype
+    )
     return o.view(o1.shape), lse.view(lse1.shape)
 
 
@@ -56,5 +63,7 @@ def merge_splits_cpu(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, 
     top = torch.where(top == float("-inf"), 0.0, top)  # all parts empty: keep exp() finite
     weights = torch.exp(lse - top)  # [..., S]
     total = weights.sum(dim=-1)  # [...]
-    merged = (weights[..., None] * o).sum(dim=-2) / total.clamp(min=torch.finfo(torch.float32).tiny)[..., None]
+    merged = (weights[..., None] * o).sum(dim=-2) / total.clamp(
+        min=torch.finfo(torch.float32).tiny
+    )[..., None]
     return merged, top.squeeze(-1) + torch.log(total)

@@ -10,9 +10,13 @@ from ._triton import next_power_of_2, triton_kernel
 
 
 def _merge_splits_kernel(
-    p_o_base, p_lse_base, p_out_base, p_out_lse_base,
+    p_o_base,
+    p_lse_base,
+    p_out_base,
+    p_out_lse_base,
     n_splits,
-    SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     i_r = tl.program_id(0)
     i_s = tl.arange(0, SPLITS)  # [S]
@@ -27,7 +31,9 @@ def _merge_splits_kernel(
     b_o = tl.load(p_o, mask=m_s[:, None], other=0.0)  # [S, D]
     b_out = tl.sum(b_w[:, None] * b_o, axis=0) / tl.maximum(b_total, 1.1754944e-38)  # [D]
     tl.store(p_out_base + i_r * HEAD_DIM + i_d, b_out.to(p_out_base.dtype.element_ty))
-    b_lse_out = tl.where(b_total > 0, b_top + tl.log(tl.maximum(b_total, 1.1754944e-38)), float("-inf"))
+    b_lse_out = tl.where(
+        b_total > 0, b_top + tl.log(tl.maximum(b_total, 1.1754944e-38)), float("-inf")
+    )
     tl.store(p_out_lse_base + i_r, b_lse_out)
 
 
@@ -38,7 +44,12 @@ def merge_splits_triton(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dty
     out = _alloc.empty((n_rows, head_dim), dtype=out_dtype, device=o.device)
     out_lse = _alloc.empty((n_rows,), dtype=torch.float32, device=o.device)
     triton_kernel(_merge_splits_kernel)[(n_rows,)](
-        o, lse, out, out_lse, n_splits,
-        SPLITS=next_power_of_2(n_splits), HEAD_DIM=head_dim,
+        o,
+        lse,
+        out,
+        out_lse,
+        n_splits,
+        SPLITS=next_power_of_2(n_splits),
+        HEAD_DIM=head_dim,
     )
     return out, out_lse

@@ -83,7 +83,9 @@ def _as_chunk(q: torch.Tensor) -> torch.Tensor:
 def _check(q, summaries, kind, group_reduce, query_reduce, dims=(2, 3)) -> None:
     rows = summary_rows(kind)
     if summaries.dim() != 4 or summaries.shape[2] != rows:
-        raise ValueError(f"summaries for kind={kind!r} must be [Hkv, n, {rows}, D], got shape {tuple(summaries.shape)}")
+        raise ValueError(
+            f"summaries for kind={kind!r} must be [Hkv, n, {rows}, D], got shape {tuple(summaries.shape)}"
+        )
     check_query(q, summaries.shape[0], summaries.shape[3], dims=dims)
     if q.dim() == 3 and q.shape[1] == 0:
         raise ValueError("q holds no queries (Tq = 0)")
@@ -110,7 +112,9 @@ def _score_segments(q, summaries, kind, group_reduce, query_reduce, bounds, impl
 def pool_segments(q: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     """q [Hq, Tq, D] -> [Hq, n_segments, D]: the mean query of each segment (fp32 sums)."""
     lengths = torch.tensor(bounds, device=q.device).diff()
-    segment_of_query = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)  # [Tq]
+    segment_of_query = torch.repeat_interleave(
+        torch.arange(len(lengths), device=q.device), lengths
+    )  # [Tq]
     sums = q.new_zeros((q.shape[0], len(lengths), q.shape[2]), dtype=torch.float32)
     sums.index_add_(1, segment_of_query, q.float())
     return sums / lengths.view(1, -1, 1).to(torch.float32)
@@ -120,7 +124,9 @@ def _reduce(x: torch.Tensor, how: str, dim: int) -> torch.Tensor:
     return x.sum(dim) if how == "sum" else x.amax(dim)
 
 
-def score_segments_reference(q, summaries, kind, group_reduce, query_reduce, bounds) -> torch.Tensor:
+def score_segments_reference(
+    q, summaries, kind, group_reduce, query_reduce, bounds
+) -> torch.Tensor:
     """Definition, one query head and one query at a time.
 
     q: [Hq, Tq, D]; returns fp32 [Hkv, n_segments, n]: segment s reduces queries
@@ -128,23 +134,33 @@ def score_segments_reference(q, summaries, kind, group_reduce, query_reduce, bou
     """
     n_kv_heads, n_blocks = summaries.shape[:2]
     group = q.shape[0] // n_kv_heads
-    out = _alloc.empty((n_kv_heads, len(bounds) - 1, n_blocks), dtype=torch.float32, device=q.device)
+    out = _alloc.empty(
+        (n_kv_heads, len(bounds) - 1, n_blocks), dtype=torch.float32, device=q.device
+    )
     for h in range(n_kv_heads):
         summ = summaries[h].float()  # [n, rows, D]
         for s in range(len(bounds) - 1):
             per_query = []
-            queries = range(bounds[s], bounds[s + 1]) if query_reduce != "pool" else [slice(bounds[s], bounds[s + 1])]
+            queries = (
+                range(bounds[s], bounds[s + 1])
+                if query_reduce != "pool"
+                else [slice(bounds[s], bounds[s + 1])]
+            )
             for t in queries:
                 per_head = []
                 for g in range(group):
                     qv = q[h * group + g, t].float()  # [D], or [Tseg, D] to pool
                     qv = qv.mean(0) if query_reduce == "pool" else qv
                     if kind == "minmax":
-                        per_head.append(torch.maximum(qv * summ[:, 0], qv * summ[:, 1]).sum(-1))  # [n]
+                        per_head.append(
+                            torch.maximum(qv * summ[:, 0], qv * summ[:, 1]).sum(-1)
+                        )  # [n]
                     else:
                         per_head.append(summ[:, 0] @ qv)  # [n]
                 per_query.append(_reduce(torch.stack(per_head), group_reduce, 0))
-            out[h, s] = _reduce(torch.stack(per_query), "max" if query_reduce == "pool" else query_reduce, 0)
+            out[h, s] = _reduce(
+                torch.stack(per_query), "max" if query_reduce == "pool" else query_reduce, 0
+            )
     return out
 
 
@@ -163,16 +179,20 @@ def score_segments_cpu(q, summaries, kind, group_reduce, query_reduce, bounds) -
     qf = q.float().reshape(n_kv_heads, group * n_queries, head_dim)  # [Hkv, G*Tq, D]
     if kind == "minmax":
         q_pos = qf.clamp(min=0)
-        halves = torch.cat([qf - q_pos, q_pos], dim=1)                                   # [Hkv, 2*G*Tq, D]
-        rows = summaries.float().reshape(n_kv_heads, n_blocks * 2, head_dim)              # (block, min|max)
+        halves = torch.cat([qf - q_pos, q_pos], dim=1)  # [Hkv, 2*G*Tq, D]
+        rows = summaries.float().reshape(n_kv_heads, n_blocks * 2, head_dim)  # (block, min|max)
         both = (halves @ rows.mT).view(n_kv_heads, 2, group * n_queries, n_blocks, 2)
-        scores = both[:, 0, :, :, 0] + both[:, 1, :, :, 1]                                # [Hkv, G*Tq, n]
+        scores = both[:, 0, :, :, 0] + both[:, 1, :, :, 1]  # [Hkv, G*Tq, n]
     else:
         scores = qf @ summaries[:, :, 0].mT  # [Hkv, G*Tq, n]
-    scores = _reduce(scores.view(n_kv_heads, group, n_queries, n_blocks), group_reduce, 1)  # [Hkv, Tq, n]
+    scores = _reduce(
+        scores.view(n_kv_heads, group, n_queries, n_blocks), group_reduce, 1
+    )  # [Hkv, Tq, n]
     # Segment s collects queries bounds[s] .. bounds[s+1]-1 in one scatter-reduce.
     lengths = torch.tensor(bounds, device=q.device).diff()
-    segment_of_query = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)  # [Tq]
+    segment_of_query = torch.repeat_interleave(
+        torch.arange(len(lengths), device=q.device), lengths
+    )  # [Tq]
     index = segment_of_query.view(1, -1, 1).expand_as(scores)  # [Hkv, Tq, n]
     out = scores.new_zeros((n_kv_heads, len(lengths), n_blocks))
     reduce = "sum" if query_reduce == "sum" else "amax"

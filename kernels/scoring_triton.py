@@ -19,13 +19,25 @@ BLOCK_N = 32  # blocks per program
 
 
 def _score_segments_kernel(
-    p_q_base, p_s_base, p_bounds, p_out_base,
-    stride_qh, stride_qt,
-    stride_sh, stride_sn, stride_sr,
-    stride_oh, stride_os,
-    n_blocks, group,
-    MINMAX: tl.constexpr, GROUP_MAX: tl.constexpr, QUERY_MAX: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    p_q_base,
+    p_s_base,
+    p_bounds,
+    p_out_base,
+    stride_qh,
+    stride_qt,
+    stride_sh,
+    stride_sn,
+    stride_sr,
+    stride_oh,
+    stride_os,
+    n_blocks,
+    group,
+    MINMAX: tl.constexpr,
+    GROUP_MAX: tl.constexpr,
+    QUERY_MAX: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_seg = tl.program_id(1)
@@ -53,7 +65,9 @@ def _score_segments_kernel(
         else:
             b_grp = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)  # [BT, BN]
         for g in range(group):
-            p_q = p_q_base + (i_h * group + g) * stride_qh + i_t[:, None] * stride_qt + i_d[None, :]  # [BT, D]
+            p_q = (
+                p_q_base + (i_h * group + g) * stride_qh + i_t[:, None] * stride_qt + i_d[None, :]
+            )  # [BT, D]
             b_q = tl.load(p_q, mask=m_t[:, None], other=0.0).to(tl.float32)  # [BT, D]
             if MINMAX:
                 b_q_pos = tl.maximum(b_q, 0.0)  # [BT, D]
@@ -88,12 +102,24 @@ def score_segments_triton(q, summaries, kind, group_reduce, query_reduce, bounds
     block_n = min(BLOCK_N, max(16, next_power_of_2(n_blocks)))
     grid = (n_kv_heads, n_segments, triton.cdiv(n_blocks, block_n))
     triton_kernel(_score_segments_kernel)[grid](
-        q, summaries, bounds_t, out,
-        q.stride(0), q.stride(1),
-        summaries.stride(0), summaries.stride(1), summaries.stride(2),
-        out.stride(0), out.stride(1),
-        n_blocks, n_q_heads // n_kv_heads,
-        MINMAX=kind == "minmax", GROUP_MAX=group_reduce == "max", QUERY_MAX=query_reduce == "max",
-        BLOCK_T=BLOCK_T, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        q,
+        summaries,
+        bounds_t,
+        out,
+        q.stride(0),
+        q.stride(1),
+        summaries.stride(0),
+        summaries.stride(1),
+        summaries.stride(2),
+        out.stride(0),
+        out.stride(1),
+        n_blocks,
+        n_q_heads // n_kv_heads,
+        MINMAX=kind == "minmax",
+        GROUP_MAX=group_reduce == "max",
+        QUERY_MAX=query_reduce == "max",
+        BLOCK_T=BLOCK_T,
+        BLOCK_N=block_n,
+        HEAD_DIM=head_dim,
     )
     return out

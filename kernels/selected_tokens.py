@@ -12,7 +12,9 @@ def selected_token_mask(block_idx: torch.Tensor, block_size: int, n_tokens: int)
     return hits.any(dim=-2)
 
 
-def gather_selected_tokens(k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, block_size: int):
+def gather_selected_tokens(
+    k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, block_size: int
+):
     """Keys, values and positions of the selected tokens, per KV head.
 
     k, v: [Hkv, T, D]; block_idx: [Hkv, ..., K]. Returns k, v fp32 [Hkv, ..., K*B, D] and
@@ -23,7 +25,9 @@ def gather_selected_tokens(k: torch.Tensor, v: torch.Tensor, block_idx: torch.Te
     n_kv_heads, n_tokens, _ = k.shape
     block = block_idx.long()[..., None]  # [Hkv, ..., K, 1]
     key_pos = block * block_size + torch.arange(block_size, device=k.device)  # [Hkv, ..., K, B]
-    key_pos = torch.where((block >= 0) & (key_pos < n_tokens), key_pos, -1).flatten(-2)  # [Hkv, ..., K*B]
+    key_pos = torch.where((block >= 0) & (key_pos < n_tokens), key_pos, -1).flatten(
+        -2
+    )  # [Hkv, ..., K*B]
     i_head = torch.arange(n_kv_heads, device=k.device).view(-1, *([1] * (key_pos.dim() - 1)))
     i_tok = key_pos.clamp(min=0)
     return k[i_head, i_tok].float(), v[i_head, i_tok].float(), key_pos

@@ -27,7 +27,9 @@ import torch
 from ._checks import check_block_size, choose_impl
 
 
-def selection_width(topk: int, local_blocks: int = 1, sink_blocks: int = 1, n_query_blocks: int = 1) -> int:
+def selection_width(
+    topk: int, local_blocks: int = 1, sink_blocks: int = 1, n_query_blocks: int = 1
+) -> int:
     """Slots per row of a selection: sink + top-k + local window (+ extra query blocks)."""
     return sink_blocks + topk + local_blocks + n_query_blocks - 1
 
@@ -56,7 +58,9 @@ def select_blocks(
         raise ValueError(f"n_tokens must be positive, got {n_tokens}")
     first_query_pos = n_tokens - 1 if first_query_pos is None else first_query_pos
     if not 0 <= first_query_pos < n_tokens:
-        raise ValueError(f"first_query_pos must be in [0, n_tokens={n_tokens}), got {first_query_pos}")
+        raise ValueError(
+            f"first_query_pos must be in [0, n_tokens={n_tokens}), got {first_query_pos}"
+        )
     bounds = _row_bounds(first_query_pos, n_tokens - 1, block_size, local_blocks, sink_blocks)
     _check_scored(scores.shape[-1], bounds)
     n_query_blocks = (n_tokens - 1) // block_size - first_query_pos // block_size + 1
@@ -86,7 +90,9 @@ def select_query_blocks(
     _check_counts(topk, local_blocks, sink_blocks)
     check_block_size(block_size)
     if not 0 <= q_start < n_tokens:
-        raise ValueError(f"need 0 <= q_start < n_tokens, got q_start={q_start}, n_tokens={n_tokens}")
+        raise ValueError(
+            f"need 0 <= q_start < n_tokens, got q_start={q_start}, n_tokens={n_tokens}"
+        )
     first, last = q_start // block_size, (n_tokens - 1) // block_size
     if scores.dim() != 3 or scores.shape[1] != last - first + 1:
         raise ValueError(
@@ -102,18 +108,24 @@ def select_query_blocks(
         _check_scored(n_scored, bounds)
     width = selection_width(topk, local_blocks, sink_blocks)
     rows = per_qblock * n_kv_heads  # row h * n_qblocks + j
-    flat = _select_rows(scores.float().reshape(n_kv_heads * n_qblocks, n_scored), rows, topk, width, impl)
+    flat = _select_rows(
+        scores.float().reshape(n_kv_heads * n_qblocks, n_scored), rows, topk, width, impl
+    )
     return flat.view(n_kv_heads, n_qblocks, width)
 
 
 def _check_counts(topk: int, local_blocks: int, sink_blocks: int) -> None:
     if topk < 0 or sink_blocks < 0:
-        raise ValueError(f"topk and sink_blocks must be >= 0, got topk={topk}, sink_blocks={sink_blocks}")
+        raise ValueError(
+            f"topk and sink_blocks must be >= 0, got topk={topk}, sink_blocks={sink_blocks}"
+        )
     if local_blocks < 1:
         raise ValueError(f"local_blocks must be >= 1 (the query's own block), got {local_blocks}")
 
 
-def _row_bounds(first_pos: int, last_pos: int, block_size: int, local_blocks: int, sink_blocks: int):
+def _row_bounds(
+    first_pos: int, last_pos: int, block_size: int, local_blocks: int, sink_blocks: int
+):
     """(sink_end, local_start, last_block): sink = [0, sink_end), candidates =
     [sink_end, local_start), local window = [local_start, last_block]."""
     last_block = last_pos // block_size
@@ -123,10 +135,14 @@ def _row_bounds(first_pos: int, last_pos: int, block_size: int, local_blocks: in
 
 def _check_scored(n_scored: int, bounds) -> None:
     if n_scored < bounds[1]:
-        raise ValueError(f"scores cover {n_scored} blocks but blocks up to {bounds[1] - 1} are candidates")
+        raise ValueError(
+            f"scores cover {n_scored} blocks but blocks up to {bounds[1] - 1} are candidates"
+        )
 
 
-def _select_rows(scores: torch.Tensor, rows: list, topk: int, width: int, impl: str | None) -> torch.Tensor:
+def _select_rows(
+    scores: torch.Tensor, rows: list, topk: int, width: int, impl: str | None
+) -> torch.Tensor:
     """scores: fp32 [R, n_scored]; rows: R tuples of bounds; returns int32 [R, width]."""
     impl = choose_impl(impl, scores)
     if impl == "reference":
@@ -155,7 +171,9 @@ def select_rows_cpu(scores: torch.Tensor, rows: list, topk: int, width: int) -> 
     blocks are compacted in index order with a cumulative sum."""
     device = scores.device
     n_rows = len(rows)
-    sink_end, local_start, last_block = (torch.tensor(col, device=device)[:, None] for col in zip(*rows))  # [R, 1]
+    sink_end, local_start, last_block = (
+        torch.tensor(col, device=device)[:, None] for col in zip(*rows)
+    )  # [R, 1]
     n_total = max(row[2] for row in rows) + 1  # blocks 0 .. the last block of any row
     i_blk = torch.arange(n_total, device=device)  # [N]
     is_candidate = (i_blk >= sink_end) & (i_blk < local_start)  # [R, N]

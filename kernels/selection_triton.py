@@ -14,9 +14,15 @@ from ._triton import next_power_of_2, triton_kernel
 
 
 def _select_rows_kernel(
-    p_scores_base, p_sink_end, p_local_start, p_last_block, p_out_base,
-    stride_sr, stride_or,
-    n_scored, topk,
+    p_scores_base,
+    p_sink_end,
+    p_local_start,
+    p_last_block,
+    p_out_base,
+    stride_sr,
+    stride_or,
+    n_scored,
+    topk,
     BLOCK_N: tl.constexpr,
 ):
     i_r = tl.program_id(0)
@@ -24,7 +30,9 @@ def _select_rows_kernel(
     local_start = tl.load(p_local_start + i_r)
     last_block = tl.load(p_last_block + i_r)
     i_n = tl.arange(0, BLOCK_N)  # [N]
-    b_s = tl.load(p_scores_base + i_r * stride_sr + i_n, mask=i_n < n_scored, other=float("-inf"))  # [N]
+    b_s = tl.load(
+        p_scores_base + i_r * stride_sr + i_n, mask=i_n < n_scored, other=float("-inf")
+    )  # [N]
 
     b_left = (i_n >= sink_end) & (i_n < local_start)  # [N] candidates not yet taken
     b_keep = (i_n < sink_end) | ((i_n >= local_start) & (i_n <= last_block))  # [N]
@@ -43,14 +51,22 @@ def _select_rows_kernel(
 def select_rows_triton(scores: torch.Tensor, rows: list, topk: int, width: int) -> torch.Tensor:
     """scores: fp32 [R, n_scored]; rows: R (sink_end, local_start, last_block); int32 [R, width]."""
     device = scores.device
-    sink_end, local_start, last_block = (torch.tensor(col, dtype=torch.int32, device=device) for col in zip(*rows))
+    sink_end, local_start, last_block = (
+        torch.tensor(col, dtype=torch.int32, device=device) for col in zip(*rows)
+    )
     n_total = max(row[2] for row in rows) + 1
     out = torch.full((len(rows), width), -1, dtype=torch.int32, device=device)
     scores = scores.contiguous()
     triton_kernel(_select_rows_kernel)[(len(rows),)](
-        scores, sink_end, local_start, last_block, out,
-        scores.stride(0), out.stride(0),
-        min(scores.shape[1], n_total), topk,
+        scores,
+        sink_end,
+        local_start,
+        last_block,
+        out,
+        scores.stride(0),
+        out.stride(0),
+        min(scores.shape[1], n_total),
+        topk,
         BLOCK_N=next_power_of_2(n_total),
     )
     return out

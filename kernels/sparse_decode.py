@@ -60,7 +60,9 @@ def sparse_decode_attention(
     return (o, lse) if return_lse else o
 
 
-def sparse_decode_reference(q, k, v, block_idx, block_size, scale) -> tuple[torch.Tensor, torch.Tensor]:
+def sparse_decode_reference(
+    q, k, v, block_idx, block_size, scale
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Definition: dense attention masked to the selected tokens. Returns fp32 o [Hq, D], lse [Hq]."""
     allowed = selected_token_mask(block_idx, block_size, k.shape[1])[:, None, :]  # [Hkv, 1, T]
     o, lse = masked_attention_reference(q[:, None], k, v, allowed, scale)
@@ -72,7 +74,9 @@ def sparse_decode_cpu(q, k, v, block_idx, block_size, scale) -> tuple[torch.Tens
     n_q_heads, head_dim = q.shape
     n_kv_heads = k.shape[0]
     group = n_q_heads // n_kv_heads
-    k_sel, v_sel, key_pos = gather_selected_tokens(k, v, block_idx, block_size)  # [Hkv, K*B, D], [Hkv, K*B]
+    k_sel, v_sel, key_pos = gather_selected_tokens(
+        k, v, block_idx, block_size
+    )  # [Hkv, K*B, D], [Hkv, K*B]
     q_grouped = q.float().view(n_kv_heads, group, head_dim)  # [Hkv, G, D]
     scores = (q_grouped @ k_sel.mT) * scale  # [Hkv, G, K*B]
     o, lse = softmax_attend(scores, (key_pos >= 0)[:, None, :], v_sel)  # [Hkv, G, D], [Hkv, G]

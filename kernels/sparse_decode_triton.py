@@ -20,10 +20,28 @@ TARGET_PROGRAMS = 128  # about one program per SM of a large GPU
 
 
 def _sparse_decode_split_kernel(
-    p_q_base, p_k_base, p_v_base, p_idx_base, p_part_o_base, p_part_lse_base,
-    stride_qh, stride_kh, stride_kt, stride_vh, stride_vt, stride_ih,
-    n_tokens, n_slots, group, scale, blocks_per_split, n_splits,
-    GROUP_PAD: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    p_q_base,
+    p_k_base,
+    p_v_base,
+    p_idx_base,
+    p_part_o_base,
+    p_part_lse_base,
+    stride_qh,
+    stride_kh,
+    stride_kt,
+    stride_vh,
+    stride_vt,
+    stride_ih,
+    n_tokens,
+    n_slots,
+    group,
+    scale,
+    blocks_per_split,
+    n_splits,
+    GROUP_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_split = tl.program_id(1)
@@ -40,7 +58,9 @@ def _sparse_decode_split_kernel(
 
     p_k_head = p_k_base + i_h.to(tl.int64) * stride_kh
     p_v_head = p_v_base + i_h.to(tl.int64) * stride_vh
-    for i_slot in range(i_split * blocks_per_split, tl.minimum((i_split + 1) * blocks_per_split, n_slots)):
+    for i_slot in range(
+        i_split * blocks_per_split, tl.minimum((i_split + 1) * blocks_per_split, n_slots)
+    ):
         i_blk = tl.load(p_idx_base + i_h * stride_ih + i_slot)
         i_t = i_blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [B] token positions
         m_t = (i_t >= 0) & (i_t < n_tokens)  # [B]; an unused slot (-1) gives negative positions
@@ -51,11 +71,15 @@ def _sparse_decode_split_kernel(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * scale  # [G, B]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))  # [G, B]
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [G]
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # [G] no keys yet: keep exp() finite
+        b_shift = tl.where(
+            b_m_new == float("-inf"), 0.0, b_m_new
+        )  # [G] no keys yet: keep exp() finite
         b_p = tl.exp(b_s - b_shift[:, None])  # [G, B]
         b_alpha = tl.exp(b_m - b_shift)  # [G] rescales what was summed under the old max
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)  # [G]
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision="ieee")  # [G, D]
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(
+            b_p.to(DOT_DTYPE), b_v, input_precision="ieee"
+        )  # [G, D]
         b_m = b_m_new
 
     b_o = b_acc / tl.maximum(b_l, 1.1754944e-38)[:, None]  # [G, D]; 0 where no key was seen
@@ -65,7 +89,9 @@ def _sparse_decode_split_kernel(
     tl.store(p_part_lse_base + i_part, b_lse, mask=m_g)
 
 
-def sparse_decode_triton(q, k, v, block_idx, block_size, scale, *, blocks_per_split: int | None = None):
+def sparse_decode_triton(
+    q, k, v, block_idx, block_size, scale, *, blocks_per_split: int | None = None
+):
     """q: [Hq, D]; k, v: [Hkv, T, D]; block_idx: int32 [Hkv, K]. Returns o [Hq, D] (q's dtype), lse fp32 [Hq]."""
     n_q_heads, head_dim = q.shape
     n_kv_heads, n_tokens, _ = k.shape
@@ -79,9 +105,27 @@ def sparse_decode_triton(q, k, v, block_idx, block_size, scale, *, blocks_per_sp
     part_o = _alloc.empty((n_q_heads, n_splits, head_dim), dtype=torch.float32, device=q.device)
     part_lse = _alloc.empty((n_q_heads, n_splits), dtype=torch.float32, device=q.device)
     triton_kernel(_sparse_decode_split_kernel)[(n_kv_heads, n_splits)](
-        q, k, v, block_idx, part_o, part_lse,
-        q.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1), block_idx.stride(0),
-        n_tokens, n_slots, group, scale, blocks_per_split, n_splits,
-        GROUP_PAD=max(16, next_power_of_2(group)), BLOCK=block_size, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype(q.dtype),
+        q,
+        k,
+        v,
+        block_idx,
+        part_o,
+        part_lse,
+        q.stride(0),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        block_idx.stride(0),
+        n_tokens,
+        n_slots,
+        group,
+        scale,
+        blocks_per_split,
+        n_splits,
+        GROUP_PAD=max(16, next_power_of_2(group)),
+        BLOCK=block_size,
+        HEAD_DIM=head_dim,
+        DOT_DTYPE=dot_dtype(q.dtype),
     )
     return merge_splits_triton(part_o, part_lse, q.dtype)

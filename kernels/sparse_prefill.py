@@ -49,7 +49,9 @@ def sparse_prefill_attention(
     check_block_size(block_size)
     n_queries = q.shape[1]
     if n_queries == 0 or q_start < 0 or q_start + n_queries > n_tokens:
-        raise ValueError(f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens")
+        raise ValueError(
+            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens"
+        )
     n_qblocks = (q_start + n_queries - 1) // block_size - q_start // block_size + 1
     block_idx = check_block_idx(block_idx, (n_kv_heads, n_qblocks), -(-n_tokens // block_size))
     scale = default_scale(scale, head_dim)
@@ -92,12 +94,22 @@ def sparse_prefill_cpu(q, q_start, k, v, block_idx, block_size, scale):
     padded = q.new_zeros((n_q_heads, n_qblocks * block_size, head_dim), dtype=torch.float32)
     padded[:, offset : offset + n_queries] = q
     q_blocks = padded.view(n_kv_heads, group, n_qblocks, block_size, head_dim).transpose(1, 2)
-    q_blocks = q_blocks.reshape(n_kv_heads, n_qblocks, group * block_size, head_dim)  # [Hkv, nq, G*B, D]
+    q_blocks = q_blocks.reshape(
+        n_kv_heads, n_qblocks, group * block_size, head_dim
+    )  # [Hkv, nq, G*B, D]
 
-    k_sel, v_sel, key_pos = gather_selected_tokens(k, v, block_idx, block_size)  # [Hkv, nq, K*B, D], [Hkv, nq, K*B]
+    k_sel, v_sel, key_pos = gather_selected_tokens(
+        k, v, block_idx, block_size
+    )  # [Hkv, nq, K*B, D], [Hkv, nq, K*B]
     rows = torch.arange(n_qblocks * block_size, device=q.device) + first_block * block_size
-    query_pos = rows.view(n_qblocks, 1, block_size).expand(-1, group, -1).reshape(n_qblocks, group * block_size)
-    allowed = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= query_pos[None, :, :, None])
+    query_pos = (
+        rows.view(n_qblocks, 1, block_size)
+        .expand(-1, group, -1)
+        .reshape(n_qblocks, group * block_size)
+    )
+    allowed = (key_pos[:, :, None, :] >= 0) & (
+        key_pos[:, :, None, :] <= query_pos[None, :, :, None]
+    )
     scores = (q_blocks @ k_sel.mT) * scale  # [Hkv, nq, G*B, K*B]
     o, lse = softmax_attend(scores, allowed, v_sel)  # [Hkv, nq, G*B, D], [Hkv, nq, G*B]
 

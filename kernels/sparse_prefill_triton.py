@@ -15,11 +15,31 @@ from ._triton import dot_dtype, triton_kernel
 
 
 def _sparse_prefill_kernel(
-    p_q_base, p_k_base, p_v_base, p_idx_base, p_o_base, p_lse_base,
-    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
-    stride_ih, stride_iq, stride_oh, stride_ot,
-    q_start, n_queries, n_tokens, n_slots, group, scale,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    p_q_base,
+    p_k_base,
+    p_v_base,
+    p_idx_base,
+    p_o_base,
+    p_lse_base,
+    stride_qh,
+    stride_qt,
+    stride_kh,
+    stride_kt,
+    stride_vh,
+    stride_vt,
+    stride_ih,
+    stride_iq,
+    stride_oh,
+    stride_ot,
+    q_start,
+    n_queries,
+    n_tokens,
+    n_slots,
+    group,
+    scale,
+    BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     i_qh = tl.program_id(0)
     i_qb = tl.program_id(1)
@@ -49,11 +69,15 @@ def _sparse_prefill_kernel(
         m_s = m_t[None, :] & (i_t[None, :] <= i_pos[:, None])  # [BM, BN] causal
         b_s = tl.where(m_s, b_s, float("-inf"))  # [BM, BN]
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BM]
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # [BM] no keys yet: keep exp() finite
+        b_shift = tl.where(
+            b_m_new == float("-inf"), 0.0, b_m_new
+        )  # [BM] no keys yet: keep exp() finite
         b_p = tl.exp(b_s - b_shift[:, None])  # [BM, BN]
         b_alpha = tl.exp(b_m - b_shift)  # [BM] rescales what was summed under the old max
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)  # [BM]
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision="ieee")  # [BM, D]
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(
+            b_p.to(DOT_DTYPE), b_v, input_precision="ieee"
+        )  # [BM, D]
         b_m = b_m_new
 
     b_o = b_acc / tl.maximum(b_l, 1.1754944e-38)[:, None]  # [BM, D]; 0 where no key was seen
@@ -74,10 +98,30 @@ def sparse_prefill_triton(q, q_start, k, v, block_idx, block_size, scale):
     o = _alloc.empty((n_q_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     lse = _alloc.empty((n_q_heads, n_queries), dtype=torch.float32, device=q.device)
     triton_kernel(_sparse_prefill_kernel)[(n_q_heads, n_qblocks)](
-        q, k, v, block_idx, o, lse,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        block_idx.stride(0), block_idx.stride(1), o.stride(0), o.stride(1),
-        q_start, n_queries, n_tokens, n_slots, n_q_heads // n_kv_heads, scale,
-        BLOCK=block_size, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype(q.dtype),
+        q,
+        k,
+        v,
+        block_idx,
+        o,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        block_idx.stride(0),
+        block_idx.stride(1),
+        o.stride(0),
+        o.stride(1),
+        q_start,
+        n_queries,
+        n_tokens,
+        n_slots,
+        n_q_heads // n_kv_heads,
+        scale,
+        BLOCK=block_size,
+        HEAD_DIM=head_dim,
+        DOT_DTYPE=dot_dtype(q.dtype),
     )
     return o, lse

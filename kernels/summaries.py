@@ -41,7 +41,9 @@ def block_summaries(
     summary_rows(kind)
     n_full = n_tokens // block_size
     if not 0 <= first_block <= n_full:
-        raise ValueError(f"first_block must be in [0, {n_full}] (full blocks of {n_tokens} tokens), got {first_block}")
+        raise ValueError(
+            f"first_block must be in [0, {n_full}] (full blocks of {n_tokens} tokens), got {first_block}"
+        )
     impl = choose_impl(impl, k)
     if impl == "reference":
         return block_summaries_reference(k, block_size, kind, first_block)
@@ -53,7 +55,9 @@ def block_summaries(
     return block_summaries_triton(k, block_size, kind, first_block)
 
 
-def block_summaries_reference(k: torch.Tensor, block_size: int, kind: str, first_block: int = 0) -> torch.Tensor:
+def block_summaries_reference(
+    k: torch.Tensor, block_size: int, kind: str, first_block: int = 0
+) -> torch.Tensor:
     """Definition: per head and full block, the channel-wise min and max (or mean) in fp32."""
     n_full = k.shape[1] // block_size
     per_block = []
@@ -68,13 +72,19 @@ def block_summaries_reference(k: torch.Tensor, block_size: int, kind: str, first
     return torch.stack(per_block, dim=1)  # [Hkv, n, rows, D]
 
 
-def block_summaries_cpu(k: torch.Tensor, block_size: int, kind: str, first_block: int = 0) -> torch.Tensor:
+def block_summaries_cpu(
+    k: torch.Tensor, block_size: int, kind: str, first_block: int = 0
+) -> torch.Tensor:
     """All blocks at once: view the full blocks as [Hkv, n, B, D] and reduce over B."""
     n_kv_heads, n_tokens, head_dim = k.shape
     n_full = n_tokens // block_size
     blocks = k[:, first_block * block_size : n_full * block_size]
-    blocks = blocks.reshape(n_kv_heads, n_full - first_block, block_size, head_dim)  # [Hkv, n, B, D]
+    blocks = blocks.reshape(
+        n_kv_heads, n_full - first_block, block_size, head_dim
+    )  # [Hkv, n, B, D]
     if kind == "minmax":
         # min and max are exact in the input dtype; convert only the small result.
-        return torch.stack([blocks.amin(dim=2), blocks.amax(dim=2)], dim=2).float()  # [Hkv, n, 2, D]
+        return torch.stack(
+            [blocks.amin(dim=2), blocks.amax(dim=2)], dim=2
+        ).float()  # [Hkv, n, 2, D]
     return blocks.float().mean(dim=2, keepdim=True)  # [Hkv, n, 1, D]

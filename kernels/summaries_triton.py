@@ -10,11 +10,17 @@ from ._triton import triton_kernel
 
 
 def _block_summaries_kernel(
-    p_k_base, p_out_base,
-    stride_kh, stride_kt,
-    stride_oh, stride_ob, stride_or,
+    p_k_base,
+    p_out_base,
+    stride_kh,
+    stride_kt,
+    stride_oh,
+    stride_ob,
+    stride_or,
     first_block,
-    MINMAX: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MINMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)  # output block; the key block is first_block + i_b
@@ -30,7 +36,9 @@ def _block_summaries_kernel(
         tl.store(p_out, tl.sum(b_k, axis=0) / BLOCK)  # [D]
 
 
-def block_summaries_triton(k: torch.Tensor, block_size: int, kind: str, first_block: int = 0) -> torch.Tensor:
+def block_summaries_triton(
+    k: torch.Tensor, block_size: int, kind: str, first_block: int = 0
+) -> torch.Tensor:
     n_kv_heads, n_tokens, head_dim = k.shape
     n_out = n_tokens // block_size - first_block
     rows = 2 if kind == "minmax" else 1
@@ -38,10 +46,16 @@ def block_summaries_triton(k: torch.Tensor, block_size: int, kind: str, first_bl
     if n_out == 0:
         return out
     triton_kernel(_block_summaries_kernel)[(n_kv_heads, n_out)](
-        k, out,
-        k.stride(0), k.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
+        k,
+        out,
+        k.stride(0),
+        k.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
         first_block,
-        MINMAX=kind == "minmax", BLOCK=block_size, HEAD_DIM=head_dim,
+        MINMAX=kind == "minmax",
+        BLOCK=block_size,
+        HEAD_DIM=head_dim,
     )
     return out

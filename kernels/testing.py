@@ -13,16 +13,22 @@ from . import _alloc
 TOLERANCES = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float, what: str = "") -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float, what: str = ""
+) -> None:
     """Fail on a shape mismatch, on any NaN, or on |a - e| > atol + rtol |e| anywhere,
     reporting the max absolute and relative errors. Equal infinities (an lse of -inf for an
     empty selection) count as equal."""
     label = f"{what}: " if what else ""
     if actual.shape != expected.shape:
-        raise AssertionError(f"{label}shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+        raise AssertionError(
+            f"{label}shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
+        )
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
     if a.isnan().any() or e.isnan().any():
-        raise AssertionError(f"{label}NaN in actual ({int(a.isnan().sum())}) or expected ({int(e.isnan().sum())})")
+        raise AssertionError(
+            f"{label}NaN in actual ({int(a.isnan().sum())}) or expected ({int(e.isnan().sum())})"
+        )
     same_inf = a.isinf() & (a == e)
     a, e = torch.where(same_inf, 0.0, a), torch.where(same_inf, 0.0, e)
     abs_err = (a - e).abs()

@@ -18,7 +18,9 @@ ARCHITECTURES = {
 
 def _entry(architecture: str):
     if architecture not in ARCHITECTURES:
-        raise ModelError(f"architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise ModelError(
+            f"architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
     return ARCHITECTURES[architecture]
 
 

@@ -41,7 +41,7 @@ class AttentionSettings:
     """
 
     mode: str = "auto"
-    block_size: int | None = None     # tokens per KV block (None: the model's own, 64 by default)
+    block_size: int | None = None  # tokens per KV block (None: the model's own, 64 by default)
     topk: int = 8
     local_blocks: int = 1
     sink_blocks: int = 1
@@ -54,7 +54,9 @@ class AttentionSettings:
         if self.mode not in MODES:
             raise ValueError(f"attention mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"K/V dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}")
+            raise ValueError(
+                f"K/V dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}"
+            )
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block size must be at least 1")
         if self.selection_layer is not None and self.selection_layer < 0:
@@ -70,7 +72,7 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
-        d.pop("selection_layer")          # shapes only the question's and answer's K/V (see above)
+        d.pop("selection_layer")  # shapes only the question's and answer's K/V (see above)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}
         if self.mode == "msa":

@@ -51,7 +51,7 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         """Build from a checkpoint's config, ignoring keys this project does not use."""
         names = {f.name for f in dataclasses.fields(cls)}
         # transformers 5 writes rope settings under `rope_parameters`; older configs at the top level
@@ -66,12 +66,18 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def tiny(cls, **overrides) -> "ModelConfig":
+    def tiny(cls, **overrides) -> ModelConfig:
         """A few-layer random model for unit tests."""
         base = dict(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
-            max_position_embeddings=512, kv_block_size=16,
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            kv_block_size=16,
         )
         base.update(overrides)
         return cls(**base)
@@ -87,10 +93,20 @@ class Qwen3Config(ModelConfig):
     max_position_embeddings: int = 40960
 
     @classmethod
-    def tiny(cls, **overrides) -> "Qwen3Config":
-        base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
-                    max_position_embeddings=512, kv_block_size=16, tie_word_embeddings=False)
+    def tiny(cls, **overrides) -> Qwen3Config:
+        base = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            kv_block_size=16,
+            tie_word_embeddings=False,
+        )
         base.update(overrides)
         return cls(**base)
 
@@ -102,7 +118,7 @@ class MiniMaxM2Config(ModelConfig):
     architecture: str = "minimax_m2"
     vocab_size: int = 200064
     hidden_size: int = 3072
-    intermediate_size: int = 1536            # of one expert
+    intermediate_size: int = 1536  # of one expert
     num_hidden_layers: int = 62
     num_attention_heads: int = 48
     num_key_value_heads: int = 8
@@ -113,14 +129,25 @@ class MiniMaxM2Config(ModelConfig):
     tie_word_embeddings: bool = False
     num_local_experts: int = 256
     num_experts_per_tok: int = 8
-    rotary_dim: int | None = None            # legacy spelling of partial_rotary_factor
+    rotary_dim: int | None = None  # legacy spelling of partial_rotary_factor
 
     @classmethod
-    def tiny(cls, **overrides) -> "MiniMaxM2Config":
-        base = dict(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-                    partial_rotary_factor=0.5, max_position_embeddings=512, kv_block_size=16,
-                    num_local_experts=6, num_experts_per_tok=2)
+    def tiny(cls, **overrides) -> MiniMaxM2Config:
+        base = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=10000.0,
+            partial_rotary_factor=0.5,
+            max_position_embeddings=512,
+            kv_block_size=16,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+        )
         base.update(overrides)
         return cls(**base)
 
@@ -133,7 +160,7 @@ class MiniMaxM3Config(ModelConfig):
     architecture: str = "minimax_m3_vl"
     vocab_size: int = 200064
     hidden_size: int = 6144
-    intermediate_size: int = 3072            # of one routed expert
+    intermediate_size: int = 3072  # of one routed expert
     num_hidden_layers: int = 60
     num_attention_heads: int = 64
     num_key_value_heads: int = 4
@@ -150,8 +177,8 @@ class MiniMaxM3Config(ModelConfig):
     rotary_dim: int | None = 64
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
-    layer_types: list | None = None          # "full_attention" | "minimax_m3_sparse" per layer
-    mlp_layer_types: list | None = None      # "dense" | "sparse" (MoE) per layer
+    layer_types: list | None = None  # "full_attention" | "minimax_m3_sparse" per layer
+    mlp_layer_types: list | None = None  # "dense" | "sparse" (MoE) per layer
     index_n_heads: int = 4
     index_head_dim: int = 128
     index_block_size: int = 128
@@ -164,22 +191,34 @@ class MiniMaxM3Config(ModelConfig):
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         if self.mlp_layer_types is None:
             self.mlp_layer_types = ["sparse"] * self.num_hidden_layers
-        if "minimax_m3_sparse" in self.layer_types and self.index_n_heads != self.num_key_value_heads:
-            raise ValueError(f"index_n_heads ({self.index_n_heads}) must equal num_key_value_heads "
-                             f"({self.num_key_value_heads}): one block selection per KV group")
+        if (
+            "minimax_m3_sparse" in self.layer_types
+            and self.index_n_heads != self.num_key_value_heads
+        ):
+            raise ValueError(
+                f"index_n_heads ({self.index_n_heads}) must equal num_key_value_heads "
+                f"({self.num_key_value_heads}): one block selection per KV group"
+            )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MiniMaxM3Config":
+    def from_dict(cls, d: dict) -> MiniMaxM3Config:
         """Read the text model's part of an M3 config (`text_config`), legacy spellings included."""
         text = dict(d.get("text_config") or d)
         sparse = text.pop("sparse_attention_config", None) or {}
-        for ours, legacy in [("index_n_heads", "sparse_num_index_heads"), ("index_head_dim", "sparse_index_dim"),
-                             ("index_block_size", "sparse_block_size"), ("index_topk_blocks", "sparse_topk_blocks"),
-                             ("index_local_blocks", "sparse_local_block")]:
+        for ours, legacy in [
+            ("index_n_heads", "sparse_num_index_heads"),
+            ("index_head_dim", "sparse_index_dim"),
+            ("index_block_size", "sparse_block_size"),
+            ("index_topk_blocks", "sparse_topk_blocks"),
+            ("index_local_blocks", "sparse_local_block"),
+        ]:
             if legacy in sparse:
                 text[ours] = sparse[legacy]
         if "layer_types" not in text and "sparse_attention_freq" in sparse:
-            text["layer_types"] = ["minimax_m3_sparse" if f else "full_attention" for f in sparse["sparse_attention_freq"]]
+            text["layer_types"] = [
+                "minimax_m3_sparse" if f else "full_attention"
+                for f in sparse["sparse_attention_freq"]
+            ]
         if "mlp_layer_types" not in text and "moe_layer_freq" in text:
             text["mlp_layer_types"] = ["sparse" if f else "dense" for f in text["moe_layer_freq"]]
         text["architecture"] = cls.architecture
@@ -188,13 +227,30 @@ class MiniMaxM3Config(ModelConfig):
         return super().from_dict(text)
 
     @classmethod
-    def tiny(cls, **overrides) -> "MiniMaxM3Config":
-        base = dict(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-                    rotary_dim=8, max_position_embeddings=512, kv_block_size=8,
-                    num_local_experts=6, num_experts_per_tok=2, dense_intermediate_size=48,
-                    shared_intermediate_size=24, layer_types=["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"],
-                    mlp_layer_types=["dense", "sparse", "sparse"], index_n_heads=2, index_head_dim=16,
-                    index_block_size=8, index_topk_blocks=3, index_local_blocks=1)
+    def tiny(cls, **overrides) -> MiniMaxM3Config:
+        base = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=10000.0,
+            rotary_dim=8,
+            max_position_embeddings=512,
+            kv_block_size=8,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            dense_intermediate_size=48,
+            shared_intermediate_size=24,
+            layer_types=["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"],
+            mlp_layer_types=["dense", "sparse", "sparse"],
+            index_n_heads=2,
+            index_head_dim=16,
+            index_block_size=8,
+            index_topk_blocks=3,
+            index_local_blocks=1,
+        )
         base.update(overrides)
         return cls(**base)

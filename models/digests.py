@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .atomic_write import write_atomically
 
-SETTLED_NS = 2_000_000_000     # a file changed this recently is hashed, not remembered
+SETTLED_NS = 2_000_000_000  # a file changed this recently is hashed, not remembered
 
 
 def memo_dir(converted_root: Path | None) -> Path | None:
@@ -32,17 +32,22 @@ def file_digest(path: Path, memo_dir: Path | None = None) -> str:
     if memo_dir is None:
         return _sha256(path)
     stat = path.stat()
-    stamp = {"path": str(path.resolve()), "size": stat.st_size, "ino": stat.st_ino,
-             "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    stamp = {
+        "path": str(path.resolve()),
+        "size": stat.st_size,
+        "ino": stat.st_ino,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+    }
     memo = Path(memo_dir) / f"{hashlib.sha256(stamp['path'].encode()).hexdigest()[:32]}.json"
-    with contextlib.suppress(OSError, ValueError, AttributeError):    # no memo, or a damaged one
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no memo, or a damaged one
         known = json.loads(memo.read_text())
         if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
             return known["sha256"]
     digest = _sha256(path)
     if time.time_ns() - stat.st_ctime_ns < SETTLED_NS:
         return digest
-    with contextlib.suppress(OSError):        # a read-only cache only means hashing again next time
+    with contextlib.suppress(OSError):  # a read-only cache only means hashing again next time
         write_atomically(memo, lambda tmp: tmp.write_text(json.dumps({**stamp, "sha256": digest})))
     return digest
 

@@ -29,7 +29,9 @@ def _fusable(model: nn.Module):
     """(module name, module, fused name, part names) for every fusable group in `model`."""
     for name, module in model.named_modules():
         for fused, parts in getattr(module, "fusable_projections", {}).items():
-            if getattr(module, "fused_sizes", None) is None and all(hasattr(module, p) for p in parts):
+            if getattr(module, "fused_sizes", None) is None and all(
+                hasattr(module, p) for p in parts
+            ):
                 yield name, module, fused, parts
 
 
@@ -49,7 +51,9 @@ def fuse_projections(model: nn.Module) -> int:
         new = nn.Linear(linears[0].in_features, out, bias=False, device="meta", dtype=first.dtype)
         if first.device.type != "meta":
             with torch.no_grad():
-                new.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)
+                new.weight = nn.Parameter(
+                    torch.cat([m.weight for m in linears]), requires_grad=False
+                )
         for p in parts:
             delattr(module, p)
         setattr(module, fused, new)

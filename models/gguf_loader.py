@@ -16,12 +16,12 @@ import torch
 
 from .atomic_write import write_atomically
 from .checkpoint import Checkpoint
-from .digests import file_digest, memo_dir
 from .config import ModelConfig
+from .digests import file_digest, memo_dir
 from .errors import ModelError
 from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
 
-CONVERTED_FORMAT = 2      # 2: meta.json says how the file stores its layers' weights
+CONVERTED_FORMAT = 2  # 2: meta.json says how the file stores its layers' weights
 
 # GGUF tensor names -> ours (per-layer names have N for the layer index).
 _LAYER_NAMES = {
@@ -51,7 +51,9 @@ def _field(reader, key, default=None):
 def _config_from_metadata(reader) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in _SUPPORTED_ARCHS:
-        raise ModelError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(_SUPPORTED_ARCHS))})")
+        raise ModelError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(_SUPPORTED_ARCHS))})"
+        )
 
     def key(name, default=None):
         return _field(reader, f"{arch}.{name}", default)
@@ -107,8 +109,9 @@ def _stored_quantization(reader) -> str | None:
     our int4 format (such weights are used as they are, by default); else None (floats)."""
     from gguf import GGMLQuantizationType
 
-    types = {t.tensor_type for t in reader.tensors
-             if t.name.startswith("blk.") and len(t.shape) == 2}
+    types = {
+        t.tensor_type for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2
+    }
     return "int4" if types == {GGMLQuantizationType.Q4_1} else None
 
 
@@ -121,7 +124,9 @@ def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor
         try:
             w = dequantize(t.data, t.tensor_type)
         except NotImplementedError:
-            raise ModelError(f"GGUF tensor {t.name} has type {t.tensor_type.name}, which msa cannot read") from None
+            raise ModelError(
+                f"GGUF tensor {t.name} has type {t.tensor_type.name}, which msa cannot read"
+            ) from None
         # a copy: F32 tensors come back as read-only views of the mapped file
         w = np.array(w, dtype=np.float32).reshape([int(s) for s in reversed(t.shape)])
         weights[name] = torch.from_numpy(unpermute_rows(name, w, config))
@@ -131,7 +136,9 @@ def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor
 def _tokenizer_from_metadata(reader) -> tuple[str, str, list[int]]:
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
-        raise ModelError(f"GGUF tokenizer {model!r} is not supported (supported: gpt2 byte-level BPE)")
+        raise ModelError(
+            f"GGUF tokenizer {model!r} is not supported (supported: gpt2 byte-level BPE)"
+        )
     tok = tokenizer_from_gguf_vocab(
         tokens=_field(reader, "tokenizer.ggml.tokens"),
         merges=_field(reader, "tokenizer.ggml.merges") or [],
@@ -162,16 +169,27 @@ def _convert(path: Path, digest: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "model.safetensors", lambda p: save_file(weights, str(p)))
     write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
-    meta = {"format": CONVERTED_FORMAT, "digest": digest, "source": str(path),
-            "config": config.to_dict(), "chat_template": template, "eos_ids": eos,
-            "name": _field(reader, "general.name", path.stem),
-            "stored_quantization": _stored_quantization(reader)}
+    meta = {
+        "format": CONVERTED_FORMAT,
+        "digest": digest,
+        "source": str(path),
+        "config": config.to_dict(),
+        "chat_template": template,
+        "eos_ids": eos,
+        "name": _field(reader, "general.name", path.stem),
+        "stored_quantization": _stored_quantization(reader),
+    }
     # meta.json last: its presence says the copy is complete.
     write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
 
 
-def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = None,
-              q4_1_as_int4: bool | None = False) -> Checkpoint:
+def load_gguf(
+    path: Path,
+    converted_root: Path | None,
+    *,
+    name: str | None = None,
+    q4_1_as_int4: bool | None = False,
+) -> Checkpoint:
     """Load a GGUF model, through a converted copy under `converted_root` when one is given.
 
     With `q4_1_as_int4`, Q4_1 tensors come straight from the file's blocks as int4 weights
@@ -212,20 +230,32 @@ def load_gguf(path: Path, converted_root: Path | None, *, name: str | None = Non
         inv = {i: t for t, i in vocab.items()}
         template.bos_token = inv.get(config.bos_token_id, "")
         template.eos_token = inv.get(meta["eos_ids"][0], "")
-        return Checkpoint(name=name or meta["name"], config=config, weights=weights,
-                          tokenizer=tokenizer, digest=digest, source=str(path),
-                          meta={"stored_quantization": stored})
+        return Checkpoint(
+            name=name or meta["name"],
+            config=config,
+            weights=weights,
+            tokenizer=tokenizer,
+            digest=digest,
+            source=str(path),
+            meta={"stored_quantization": stored},
+        )
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
-def _read_weights(gguf_path: Path, converted: Path, config: ModelConfig, q4_1_as_int4: bool) -> dict[str, torch.Tensor]:
+def _read_weights(
+    gguf_path: Path, converted: Path, config: ModelConfig, q4_1_as_int4: bool
+) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     int4 = _q4_1_weights(gguf_path, converted.parent / Q4_1_COPY, config) if q4_1_as_int4 else {}
     with safe_open(str(converted), "pt") as f:
-        weights = {k: f.get_tensor(k) for k in f.keys() if f"{k.removesuffix('.weight')}.scales" not in int4}
+        weights = {
+            k: f.get_tensor(k)
+            for k in f.keys()
+            if f"{k.removesuffix('.weight')}.scales" not in int4
+        }
     return {**weights, **int4}
 
 
@@ -246,14 +276,16 @@ def _q4_1_weights(gguf_path: Path, copy: Path, config: ModelConfig) -> dict[str,
             with safe_open(str(copy), "pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys()}
         except (OSError, SafetensorError):
-            pass                                  # unreadable: made again below
+            pass  # unreadable: made again below
     from gguf import GGUFReader
 
     from .gguf_q4 import q4_1_state
 
     state = q4_1_state(GGUFReader(str(gguf_path)), config)
     try:
-        write_atomically(copy, lambda p: save_file({k: v.contiguous() for k, v in state.items()}, str(p)))
+        write_atomically(
+            copy, lambda p: save_file({k: v.contiguous() for k, v in state.items()}, str(p))
+        )
     except OSError:
-        pass                                      # a read-only cache: parse again next time
+        pass  # a read-only cache: parse again next time
     return state

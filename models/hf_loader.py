@@ -9,20 +9,28 @@ from pathlib import Path
 
 from .architectures import ARCHITECTURES, config_class
 from .checkpoint import Checkpoint
+from .digests import file_digest
 from .errors import ModelError
 from .fp8 import dequantize_fp8
-from .digests import file_digest
 from .tokenizer import ChatTemplate, TextTokenizer
 
 # Checkpoint key -> ours, per model_type: regex substitutions applied in order.
-_EXPERTS = [(r"\.block_sparse_moe\.", ".mlp."), (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
-            (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."), (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj.")]
+_EXPERTS = [
+    (r"\.block_sparse_moe\.", ".mlp."),
+    (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
+    (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."),
+    (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj."),
+]
 NAME_MAPS = {
     "llama": [(r"^model\.", "")],
     "qwen3": [(r"^model\.", "")],
     "minimax_m2": [(r"^model\.", ""), *_EXPERTS],
-    "minimax_m3_vl": [(r"^language_model\.model\.", ""), (r"^language_model\.lm_head\.", "lm_head."), *_EXPERTS,
-                      (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2.")],
+    "minimax_m3_vl": [
+        (r"^language_model\.model\.", ""),
+        (r"^language_model\.lm_head\.", "lm_head."),
+        *_EXPERTS,
+        (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2."),
+    ],
 }
 # Checkpoint keys that are not the text model we run: multi-token-prediction heads, M3's vision side.
 SKIPPED = {
@@ -38,19 +46,23 @@ def our_name(model_type: str, key: str) -> str:
     return key
 
 
-def _read_weights(files: list[Path], model_type: str, config, block: tuple[int, int]) -> tuple[dict, list[str]]:
+def _read_weights(
+    files: list[Path], model_type: str, config, block: tuple[int, int]
+) -> tuple[dict, list[str]]:
     """Weights by our names, FP8 ones dequantized; and the checkpoint keys skipped."""
     from safetensors import safe_open
 
     skip = re.compile(SKIPPED[model_type]) if model_type in SKIPPED else None
     raw, skipped = {}, []
     for f in files:
-        with safe_open(str(f), "pt") as st:                      # memory-mapped: one tensor at a time
+        with safe_open(str(f), "pt") as st:  # memory-mapped: one tensor at a time
             for key in st.keys():
                 name = our_name(model_type, key)
                 layer = _LAYER.match(name)
-                if (skip and skip.search(key)) or (layer and int(layer.group(1)) >= config.num_hidden_layers):
-                    skipped.append(key)                          # MTP layers sit past the last decoder layer
+                if (skip and skip.search(key)) or (
+                    layer and int(layer.group(1)) >= config.num_hidden_layers
+                ):
+                    skipped.append(key)  # MTP layers sit past the last decoder layer
                     continue
                 raw[name] = st.get_tensor(key)
     weights = {}
@@ -79,17 +91,23 @@ def _chat_template(folder: Path, tok_config: dict) -> str:
     if isinstance(template, list):  # named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if not template:
-        raise ModelError(f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json)")
+        raise ModelError(
+            f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json)"
+        )
     return template
 
 
-def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | None = None) -> Checkpoint:
+def load_hf_dir(
+    folder: Path, *, name: str | None = None, digest_memo: Path | None = None
+) -> Checkpoint:
     folder = Path(folder)
     raw = _read_json(folder / "config.json")
     model_type = raw.get("model_type")
     if model_type not in ARCHITECTURES:
-        raise ModelError(f"{folder}: model_type {model_type!r} is not supported yet "
-                         f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+        raise ModelError(
+            f"{folder}: model_type {model_type!r} is not supported yet "
+            f"(supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
     try:
         config = config_class(model_type).from_dict(raw)
     except (TypeError, ValueError) as e:
@@ -115,9 +133,17 @@ def load_hf_dir(folder: Path, *, name: str | None = None, digest_memo: Path | No
     def token_text(value):
         return value.get("content", "") if isinstance(value, dict) else (value or "")
 
-    template = ChatTemplate(_chat_template(folder, tok_config),
-                            bos_token=token_text(tok_config.get("bos_token")),
-                            eos_token=token_text(tok_config.get("eos_token")))
-    return Checkpoint(name=name or folder.name, config=config, weights=weights,
-                      tokenizer=TextTokenizer.from_file(folder / "tokenizer.json", template, eos_ids),
-                      digest=digest.hexdigest(), source=str(folder), meta={"skipped": skipped})
+    template = ChatTemplate(
+        _chat_template(folder, tok_config),
+        bos_token=token_text(tok_config.get("bos_token")),
+        eos_token=token_text(tok_config.get("eos_token")),
+    )
+    return Checkpoint(
+        name=name or folder.name,
+        config=config,
+        weights=weights,
+        tokenizer=TextTokenizer.from_file(folder / "tokenizer.json", template, eos_ids),
+        digest=digest.hexdigest(),
+        source=str(folder),
+        meta={"skipped": skipped},
+    )

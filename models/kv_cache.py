@@ -39,12 +39,11 @@ from pathlib import Path
 
 import torch
 
-from msa_kernels import block_summaries
+from msa.kernels import block_summaries
 
 from .attention_settings import AttentionSettings
-from .layers import RotaryEmbedding
 from .kv_int8 import dequantize_rows, requantize_rows, round_rows
-
+from .layers import RotaryEmbedding
 
 # Restored blocks held unread at most: each is typically one file mapping, and a process may
 # hold only so many (Linux: vm.max_map_count, 65,530 by default). Past this, blocks are copied in
@@ -53,10 +52,19 @@ MAX_UNREAD_BLOCKS = 16_384
 
 
 class KVCache:
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, block_size: int = 64,
-                 dtype: torch.dtype = torch.float32, capacity: int = 0,
-                 settings: AttentionSettings | None = None, storage_dir: Path | None = None,
-                 rope: RotaryEmbedding | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        block_size: int = 64,
+        dtype: torch.dtype = torch.float32,
+        capacity: int = 0,
+        settings: AttentionSettings | None = None,
+        storage_dir: Path | None = None,
+        rope: RotaryEmbedding | None = None,
+    ):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.rope = rope
         self.block_size = block_size
@@ -69,13 +77,21 @@ class KVCache:
         self.k = [self._new_store(cap) for _ in range(n_layers)]
         self.v = [self._new_store(cap) for _ in range(n_layers)]
         # int8 K/V: the scale of each row, [Hkv, capacity] per layer
-        self.k_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
-        self.v_scale = [self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)]
+        self.k_scale = [
+            self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)
+        ]
+        self.v_scale = [
+            self._new_store(cap, scales=True) for _ in range(n_layers if self.int8 else 0)
+        ]
         # [frame (as stored, by content), layer, Hkv, n_blocks, (min, max), D]
         self._summary_store = torch.zeros(2, n_layers, n_kv_heads, cap // block_size, 2, head_dim)
         self.n_summarized = [0] * n_layers
-        self._restored: dict[int, dict[str, torch.Tensor]] = {}   # block index -> its imported tensors
-        self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: restored, not copied in yet
+        self._restored: dict[
+            int, dict[str, torch.Tensor]
+        ] = {}  # block index -> its imported tensors
+        self._absent = torch.zeros(
+            n_layers, 0, dtype=torch.bool
+        )  # [layer, block]: restored, not copied in yet
         # Where the question starts (the caller marks it once the document is in): queries from
         # here on, chunks included, share `settings.selection_layer`'s blocks; decode steps always
         # do. Never a document's position, so cached blocks do not depend on it.
@@ -87,19 +103,23 @@ class KVCache:
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
         """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in
         an unlinked mapped file."""
-        shape = (self.n_kv_heads, capacity) if scales else (self.n_kv_heads, capacity, self.head_dim)
+        shape = (
+            (self.n_kv_heads, capacity) if scales else (self.n_kv_heads, capacity, self.head_dim)
+        )
         dtype = torch.float32 if scales else self.dtype
         numel = shape[0] * shape[1] * (1 if scales else shape[2])
         if self.storage_dir is None:
             # Private anonymous memory: the OS hands out zero pages on first touch. torch.zeros
             # wrote every byte up front, 0.6 s per 1.8 GB here, on top of the same page faults.
             # (Huge pages were slower still: faulting them in compacts memory full of page cache.)
-            mapped = mmap.mmap(-1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            mapped = mmap.mmap(
+                -1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            )
             return torch.frombuffer(mapped, dtype=dtype).view(shape)
         Path(self.storage_dir).mkdir(parents=True, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="kv-", dir=self.storage_dir)
         try:
-            os.ftruncate(fd, numel * dtype.itemsize)             # sparse: no disk used until written
+            os.ftruncate(fd, numel * dtype.itemsize)  # sparse: no disk used until written
             mapped = mmap.mmap(fd, numel * dtype.itemsize)
             # A step reads a few scattered blocks: without this hint each page fault also reads the
             # pages around it, and once the K/V outgrow the page cache (a 1M-token input) that
@@ -133,13 +153,16 @@ class KVCache:
                 grown = self._new_store(cap, scales=t.dim() == 2)
                 grown[:, : self.length] = t[:, : self.length]
                 store[i] = grown
-        grown = torch.zeros(2, self.n_layers, self.n_kv_heads, cap // self.block_size, 2, self.head_dim)
+        grown = torch.zeros(
+            2, self.n_layers, self.n_kv_heads, cap // self.block_size, 2, self.head_dim
+        )
         done = max(self.n_summarized)
         grown[:, :, :, :done] = self._summary_store[:, :, :, :done]
         self._summary_store = grown
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
-              selective: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, *, selective: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D].
 
         With `selective`, restored blocks not read yet stay absent (zeros) in what is returned:
@@ -151,13 +174,15 @@ class KVCache:
         if end > self.capacity:
             self.reserve(end)
         if self.int8:
-            k, self.k_scale[layer][:, self.length:end] = round_rows(k)
-            v, self.v_scale[layer][:, self.length:end] = round_rows(v)
-        self.k[layer][:, self.length:end] = k
-        self.v[layer][:, self.length:end] = v
+            k, self.k_scale[layer][:, self.length : end] = round_rows(k)
+            v, self.v_scale[layer][:, self.length : end] = round_rows(v)
+        self.k[layer][:, self.length : end] = k
+        self.v[layer][:, self.length : end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]
 
-    def block_summaries(self, layer: int, n_tokens: int, *, by_content: bool = False) -> torch.Tensor:
+    def block_summaries(
+        self, layer: int, n_tokens: int, *, by_content: bool = False
+    ) -> torch.Tensor:
         """Key summaries [Hkv, n_full, 2, D] of the full blocks among the first `n_tokens`, of
         the keys as stored or, `by_content`, rotated back to position 0 (see `score_frame`);
         computing those not yet summarized (keys of those tokens must be written)."""
@@ -168,8 +193,11 @@ class KVCache:
             self.load_tokens(layer, first, end)
             keys = self.k[layer][:, first:end]
             as_stored = block_summaries(keys, self.block_size, "minmax")
-            of_content = as_stored if self.rope is None else block_summaries(self.score_frame(keys, first),
-                                                                            self.block_size, "minmax")
+            of_content = (
+                as_stored
+                if self.rope is None
+                else block_summaries(self.score_frame(keys, first), self.block_size, "minmax")
+            )
             self._summary_store[:, layer, :, done:n_full] = torch.stack([as_stored, of_content])
             self.n_summarized[layer] = n_full
         return self._summary_store[int(by_content), layer, :, :n_full]
@@ -203,7 +231,7 @@ class KVCache:
         """Forget every token from position `n` on (for example, a chat's turns after its documents)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
-        if n % self.block_size:                         # a restored block cut in two keeps its head
+        if n % self.block_size:  # a restored block cut in two keeps its head
             for layer in range(self.n_layers):
                 self.load_tokens(layer, n - n % self.block_size, n)
         cut = -(-n // self.block_size)
@@ -238,8 +266,12 @@ class KVCache:
             block = {}
             for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
                 block[f"{name}_scale"] = torch.stack([s[:, start:end] for s in scales])
-                block[name] = torch.stack([requantize_rows(x[:, start:end], s[:, start:end])
-                                           for x, s in zip(rows, scales)])
+                block[name] = torch.stack(
+                    [
+                        requantize_rows(x[:, start:end], s[:, start:end])
+                        for x, s in zip(rows, scales)
+                    ]
+                )
         else:
             block = {
                 "k": torch.stack([k[:, start:end] for k in self.k]),
@@ -258,25 +290,31 @@ class KVCache:
         kept until then: mapped from a file, they cost no memory until read)."""
         start = index * self.block_size
         if start != self.length:
-            raise ValueError(f"block {index} starts at token {start}, but {self.length} tokens are cached")
+            raise ValueError(
+                f"block {index} starts at token {start}, but {self.length} tokens are cached"
+            )
         k, v = block["k"], block["v"]
         expected = (self.n_layers, self.n_kv_heads, k.shape[2], self.head_dim)
         if tuple(k.shape) != expected or tuple(v.shape) != expected or k.shape[2] > self.block_size:
             raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
         if self.int8 != (k.dtype == torch.int8):
-            raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V")
+            raise ValueError(
+                f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V"
+            )
         if not self.int8 and k.dtype != self.dtype:
             raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.dtype} K/V")
         if self.int8:
             for name in ("k_scale", "v_scale"):
                 if tuple(block[name].shape) != expected[:3]:
-                    raise ValueError(f"scales of shape {tuple(block[name].shape)} do not fit this cache {expected[:3]}")
+                    raise ValueError(
+                        f"scales of shape {tuple(block[name].shape)} do not fit this cache {expected[:3]}"
+                    )
         n = k.shape[2]
         self.reserve(start + n)
         summaries = block.get("summaries")
         if summaries is not None and n == self.block_size:
             if all(done == index for done in self.n_summarized):
-                self._summary_store[:, :, :, index] = summaries       # every layer at once
+                self._summary_store[:, :, :, index] = summaries  # every layer at once
                 self.n_summarized = [index + 1] * self.n_layers
             else:
                 for layer in range(self.n_layers):
@@ -284,7 +322,9 @@ class KVCache:
                         self._summary_store[:, layer, :, index] = summaries[:, layer]
                         self.n_summarized[layer] = index + 1
         if self._absent.shape[1] <= index:
-            grown = torch.zeros(self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool)
+            grown = torch.zeros(
+                self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool
+            )
             grown[:, : self._absent.shape[1]] = self._absent
             self._absent = grown
         self._restored[index] = block
@@ -324,16 +364,21 @@ class KVCache:
             start = index * self.block_size
             end = start + block["k"].shape[2]
             if self.int8:
-                for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
+                for name, rows, scales in (
+                    ("k", self.k, self.k_scale),
+                    ("v", self.v, self.v_scale),
+                ):
                     scale = block[f"{name}_scale"][layer]
-                    rows[layer][:, start:end] = dequantize_rows(block[name][layer], scale, self.dtype)
+                    rows[layer][:, start:end] = dequantize_rows(
+                        block[name][layer], scale, self.dtype
+                    )
                     scales[layer][:, start:end] = scale
             else:
                 self.k[layer][:, start:end] = block["k"][layer]
                 self.v[layer][:, start:end] = block["v"][layer]
             self._absent[layer, index] = False
             if not self._absent[:, index].any():
-                del self._restored[index]     # every layer has it: let go of the tensors (or mapping)
+                del self._restored[index]  # every layer has it: let go of the tensors (or mapping)
 
     def nbytes(self) -> int:
         per_token = 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k[0].element_size()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.offset == 0.0 and x.dtype == torch.float32 == self.weight.dtype:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)   # one fused op, same result
+            return F.rms_norm(
+                x, self.weight.shape, self.weight, self.eps
+            )  # one fused op, same result
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (self.weight.float() + self.offset)).to(x.dtype)
@@ -31,7 +33,11 @@ def embedding(n_tokens: int, dim: int) -> nn.Embedding:
     init is skipped: the meta kernel of normal_ imports torch's compiler stack, 2 s of the start
     of every command."""
     weight = torch.empty(n_tokens, dim)
-    return nn.Embedding(n_tokens, dim, _weight=weight) if weight.is_meta else nn.Embedding(n_tokens, dim)
+    return (
+        nn.Embedding(n_tokens, dim, _weight=weight)
+        if weight.is_meta
+        else nn.Embedding(n_tokens, dim)
+    )
 
 
 def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -39,7 +45,9 @@ def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def clamped_swiglu(
+    alpha: float, limit: float
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """MiniMax-M3's SwiGLU (gpt-oss style): gate clamped from above, up to [-limit, limit],
     `gate * sigmoid(alpha * gate) * (up + 1)`."""
 
@@ -54,7 +62,7 @@ def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.
 class GatedMLP(nn.Module):
     """down(glu(gate(x), up(x))): the dense MLP and one MoE expert."""
 
-    fusable_projections = {"gate_up_proj": ("gate_proj", "up_proj")}    # see fuse.py
+    fusable_projections = {"gate_up_proj": ("gate_proj", "up_proj")}  # see fuse.py
 
     def __init__(self, hidden: int, intermediate: int, glu: Callable = silu_glu):
         super().__init__()
@@ -83,13 +91,19 @@ class RotaryEmbedding:
     span = 16384
 
     def __init__(self, head_dim: int, base: float):
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
-        self._low = self._table(torch.arange(self.span, dtype=torch.float64, device="cpu"))   # positions 0 .. span-1
-        self._high = self._table(torch.zeros(1, dtype=torch.float64, device="cpu"))          # multiples of span
+        self.inv_freq = 1.0 / (
+            base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
+        )
+        self._low = self._table(
+            torch.arange(self.span, dtype=torch.float64, device="cpu")
+        )  # positions 0 .. span-1
+        self._high = self._table(
+            torch.zeros(1, dtype=torch.float64, device="cpu")
+        )  # multiples of span
 
     def _table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(positions, self.inv_freq)                                     # [n, D/2], fp64
-        emb = torch.cat([freqs, freqs], dim=-1)                                           # [n, D]
+        freqs = torch.outer(positions, self.inv_freq)  # [n, D/2], fp64
+        emb = torch.cat([freqs, freqs], dim=-1)  # [n, D]
         return emb.cos().float(), emb.sin().float()
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +112,9 @@ class RotaryEmbedding:
         positions = positions.long().flatten()
 
         def rows(table, at):  # index_select: several times faster than indexing with a tensor
-            return table[0].index_select(0, at).view(shape), table[1].index_select(0, at).view(shape)
+            return table[0].index_select(0, at).view(shape), table[1].index_select(0, at).view(
+                shape
+            )
 
         if positions.numel() == 0 or int(positions.max()) < self.span:
             return rows(self._low, positions)
@@ -112,7 +128,7 @@ class RotaryEmbedding:
     def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [n, D] for positions start..start+n-1 (inside the table: views, no gather per step)."""
         if start + n <= self.span:
-            return self._low[0][start:start + n], self._low[1][start:start + n]
+            return self._low[0][start : start + n], self._low[1][start : start + n]
         return self.cos_sin(torch.arange(start, start + n))
 
     def rotate_back(self, x: torch.Tensor, start: int) -> torch.Tensor:

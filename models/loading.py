@@ -10,19 +10,27 @@ import torch
 
 from .architectures import model_class
 from .checkpoint import Checkpoint, load_state
+from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
-from .digests import memo_dir
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
-from .quantize import (DEFAULT_GROUP_SIZE, MODES, Int4Linear, is_quantized_state, prefill_copies,
-                       prefill_copy_dtype, quantize_state, swap_for_state)
+from .quantize import (
+    DEFAULT_GROUP_SIZE,
+    MODES,
+    Int4Linear,
+    is_quantized_state,
+    prefill_copies,
+    prefill_copy_dtype,
+    quantize_state,
+    swap_for_state,
+)
 from .registry import resolve
 from .tokenizer import TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-FLOAT = "none"    # the `quant` that asks for floating-point weights whatever the file stores
+FLOAT = "none"  # the `quant` that asks for floating-point weights whatever the file stores
 
 
 @dataclass
@@ -30,11 +38,13 @@ class LoadedModel:
     name: str
     model: Transformer
     tokenizer: TextTokenizer
-    digest: str                    # of the weights as they compute: file, quantization and dtype
+    digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
-    quantization: str | None = None   # "int8", "int4" or None (floating point)
-    per_op_reason: str | None = None  # why decode steps run op by op (None: the fused step, or not prepared)
-    dtype: str = "fp32"               # the compute dtype
+    quantization: str | None = None  # "int8", "int4" or None (floating point)
+    per_op_reason: str | None = (
+        None  # why decode steps run op by op (None: the fused step, or not prepared)
+    )
+    dtype: str = "fp32"  # the compute dtype
 
     @property
     def config(self):
@@ -46,8 +56,13 @@ class LoadedModel:
         return self.quantization or self.dtype
 
 
-def build_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32, *, quant: str | None = None,
-                fuse: bool = True) -> Transformer:
+def build_model(
+    ckpt: Checkpoint,
+    dtype: torch.dtype = torch.float32,
+    *,
+    quant: str | None = None,
+    fuse: bool = True,
+) -> Transformer:
     """The model of `ckpt` in `dtype`, quantized to `quant` if given (weights already quantized
     in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False."""
     with torch.device("meta"):
@@ -61,15 +76,18 @@ def build_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32, *, quant: 
     return _build_quantized(model, state, ckpt, dtype, fuse)
 
 
-def _build_quantized(model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dtype: torch.dtype,
-                     fuse: bool) -> Transformer:
+def _build_quantized(
+    model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dtype: torch.dtype, fuse: bool
+) -> Transformer:
     """Quantized tensors (`.weight/.scales[/.mins]`) go into quantized modules as they are."""
     state = fuse_state(model, state) if fuse else dict(state)
     if fuse:
         fuse_projections(model)
     swap_for_state(model, state)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    copy_dtype = prefill_copy_dtype(sum(m.in_features * m.out_features for m in int4)) if int4 else None
+    copy_dtype = (
+        prefill_copy_dtype(sum(m.in_features * m.out_features for m in int4)) if int4 else None
+    )
     for m in int4:
         m.keep_prefill_copy = copy_dtype
     quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith(".scales")}
@@ -78,7 +96,9 @@ def _build_quantized(model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dt
         state["lm_head.weight"] = state["embed_tokens.weight"]
     result = model.load_state_dict(state, strict=False, assign=True)
     problems = [f"missing {', '.join(result.missing_keys[:8])}"] if result.missing_keys else []
-    problems += [f"unexpected {', '.join(result.unexpected_keys[:8])}"] if result.unexpected_keys else []
+    problems += (
+        [f"unexpected {', '.join(result.unexpected_keys[:8])}"] if result.unexpected_keys else []
+    )
     if problems:
         raise ModelError(f"{ckpt.source}: " + "; ".join(problems))
     if ckpt.config.tie_word_embeddings and "lm_head.scales" not in state:
@@ -86,18 +106,29 @@ def _build_quantized(model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dt
     return model.eval()
 
 
-def computed_digest(file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None) -> str:
+def computed_digest(
+    file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None
+) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
     else hashed with the quantization and dtype, and the dtype of the copy int4 layers prefill
     from, if any (the prefix cache keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
-    label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (f":{prefill_copy}-prefill" if prefill_copy else "")
+    label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (
+        f":{prefill_copy}-prefill" if prefill_copy else ""
+    )
     return hashlib.sha256(label.encode()).hexdigest()
 
 
-def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | torch.dtype = "fp32",
-               quant: str | None = None, quantized_root: Path | None = None, fuse: bool = True) -> LoadedModel:
+def load_model(
+    spec: str,
+    *,
+    converted_root: Path | None = None,
+    dtype: str | torch.dtype = "fp32",
+    quant: str | None = None,
+    quantized_root: Path | None = None,
+    fuse: bool = True,
+) -> LoadedModel:
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
@@ -109,7 +140,9 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)
-    src, ckpt = load_checkpoint(spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant)
+    src, ckpt = load_checkpoint(
+        spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant
+    )
     if src.format == "quantized":
         quant = ckpt.meta["quantization"]
     elif quant is None:
@@ -117,21 +150,33 @@ def load_model(spec: str, *, converted_root: Path | None = None, dtype: str | to
     elif quant == FLOAT:
         quant = None
     model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
-    loaded = LoadedModel(name=src.name, model=model, tokenizer=ckpt.tokenizer,
-                         digest=computed_digest(ckpt.digest, quant, dtype_name,
-                                                prefill_copy=prefill_copies(model)), source=ckpt.source,
-                         quantization=quant, dtype=dtype_name)
+    loaded = LoadedModel(
+        name=src.name,
+        model=model,
+        tokenizer=ckpt.tokenizer,
+        digest=computed_digest(ckpt.digest, quant, dtype_name, prefill_copy=prefill_copies(model)),
+        source=ckpt.source,
+        quantization=quant,
+        dtype=dtype_name,
+    )
     del ckpt
     _return_free_memory()
     return loaded
 
 
-def load_checkpoint(spec: str, *, converted_root: Path | None = None, quantized_root: Path | None = None,
-                    quant: str | None = None):
+def load_checkpoint(
+    spec: str,
+    *,
+    converted_root: Path | None = None,
+    quantized_root: Path | None = None,
+    quant: str | None = None,
+):
     """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant` (None: as
     stored; `FLOAT`: floating point)."""
     if quant is not None and quant not in (*MODES, FLOAT):
-        raise ModelError(f"quantization must be one of {', '.join(MODES)} or {FLOAT}, not {quant!r}")
+        raise ModelError(
+            f"quantization must be one of {', '.join(MODES)} or {FLOAT}, not {quant!r}"
+        )
     src = resolve(spec, quantized_root=quantized_root)
     if src.format == "gguf":
         q4_1_as_int4 = None if quant is None else quant == "int4"
@@ -141,22 +186,37 @@ def load_checkpoint(spec: str, *, converted_root: Path | None = None, quantized_
 
         ckpt = load_quantized_copy(src.path)
         if quant is not None and quant != ckpt.meta["quantization"]:
-            instead = (f"load its base model {ckpt.meta['base']} for floating-point weights" if quant == FLOAT
-                       else f"quantize its base model {ckpt.meta['base']} to {quant} instead")
-            raise ModelError(f"{src.name} is already quantized to {ckpt.meta['quantization']}; {instead}")
+            instead = (
+                f"load its base model {ckpt.meta['base']} for floating-point weights"
+                if quant == FLOAT
+                else f"quantize its base model {ckpt.meta['base']} to {quant} instead"
+            )
+            raise ModelError(
+                f"{src.name} is already quantized to {ckpt.meta['quantization']}; {instead}"
+            )
         return src, ckpt
     return src, load_hf_dir(src.path, name=src.name, digest_memo=memo_dir(converted_root))
 
 
-def write_quantized(spec: str, mode: str, *, quantized_root: Path, converted_root: Path | None = None,
-                    group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+def write_quantized(
+    spec: str,
+    mode: str,
+    *,
+    quantized_root: Path,
+    converted_root: Path | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> Path:
     """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
     `quantized_root` (a GGUF's Q4_1 blocks go into int4 as they are); returns its folder."""
     from .quantized_copy import write_quantized_copy
 
-    src, ckpt = load_checkpoint(spec, converted_root=converted_root, quantized_root=quantized_root, quant=mode)
+    src, ckpt = load_checkpoint(
+        spec, converted_root=converted_root, quantized_root=quantized_root, quant=mode
+    )
     if src.format == "quantized":
-        raise ModelError(f"{src.name} is a quantized copy already; quantize its base model {ckpt.meta['base']}")
+        raise ModelError(
+            f"{src.name} is a quantized copy already; quantize its base model {ckpt.meta['base']}"
+        )
     with torch.device("meta"):
         skeleton = model_class(ckpt.config.architecture)(ckpt.config)
     state = quantize_state(skeleton, ckpt.weights, mode, group_size)
@@ -172,7 +232,7 @@ def _return_free_memory() -> None:
     name = ctypes.util.find_library("c")
     try:
         ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):   # not glibc: nothing to do
+    except (OSError, AttributeError, TypeError):  # not glibc: nothing to do
         pass
 
 

@@ -29,8 +29,12 @@ class MiniMaxM2Attention(Attention):
 
 class MiniMaxM2MoE(SparseMoE):
     def __init__(self, config: MiniMaxM2Config):
-        super().__init__(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                         config.num_experts_per_tok)
+        super().__init__(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+        )
 
 
 class MiniMaxM2Block(Block):

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from msa_kernels import dense_attention, sparse_decode_attention
-from msa_kernels.masked_attention import softmax_attend
+from msa.kernels import dense_attention, sparse_decode_attention
+from msa.kernels.masked_attention import softmax_attend
 
 from .attention_settings import AttentionSettings
 from .config import MiniMaxM3Config
@@ -27,7 +27,7 @@ from .llama import Block, Transformer
 from .moe import SparseMoE
 
 SPARSE = "minimax_m3_sparse"
-_CHUNK = 64   # prefill queries scored at once: bounds the [H, chunk, T] score tensors
+_CHUNK = 64  # prefill queries scored at once: bounds the [H, chunk, T] score tensors
 
 
 def gemma_norm(dim: int, eps: float) -> RMSNorm:
@@ -39,7 +39,10 @@ class IndexedKVCache(KVCache):
 
     def __init__(self, *args, index_layers: list[int], index_head_dim: int, **kwargs):
         super().__init__(*args, **kwargs)
-        self.index_k = {layer: torch.zeros(self.capacity, index_head_dim, dtype=self.dtype) for layer in index_layers}
+        self.index_k = {
+            layer: torch.zeros(self.capacity, index_head_dim, dtype=self.dtype)
+            for layer in index_layers
+        }
 
     def reserve(self, n_tokens: int) -> None:
         super().reserve(n_tokens)
@@ -54,14 +57,16 @@ class IndexedKVCache(KVCache):
         end = self.length + k_idx.shape[0]
         if end > self.capacity:
             self.reserve(end)
-        self.index_k[layer][self.length:end] = k_idx
+        self.index_k[layer][self.length : end] = k_idx
         return self.index_k[layer][:end]
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         block = super().export_block(index)
         start = index * self.block_size
         n = block["k"].shape[2]
-        block["index_k"] = torch.stack([store[start:start + n] for store in self.index_k.values()])  # [L_idx, n, Di]
+        block["index_k"] = torch.stack(
+            [store[start : start + n] for store in self.index_k.values()]
+        )  # [L_idx, n, Di]
         return block
 
     def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
@@ -69,15 +74,21 @@ class IndexedKVCache(KVCache):
         start = index * self.block_size
         n = block["k"].shape[2]
         for store, keys in zip(self.index_k.values(), block["index_k"]):
-            store[start:start + n] = keys
+            store[start : start + n] = keys
 
     def nbytes(self) -> int:
         per_token = sum(s.shape[1] for s in self.index_k.values()) * self.k[0].element_size()
         return super().nbytes() + per_token * self.length
 
 
-def select_index_blocks(q_idx: torch.Tensor, k_idx: torch.Tensor, q_start: int, block_size: int,
-                        topk_blocks: int, local_blocks: int) -> torch.Tensor:
+def select_index_blocks(
+    q_idx: torch.Tensor,
+    k_idx: torch.Tensor,
+    q_start: int,
+    block_size: int,
+    topk_blocks: int,
+    local_blocks: int,
+) -> torch.Tensor:
     """Blocks each query reads. q_idx: [Hidx, T, Di] at positions q_start..; k_idx: [Tk, Di]
     (every cached token). Returns int64 [Hidx, T, min(topk_blocks, n_blocks)], best first,
     -1 for slots with no eligible block (a query near the start has few)."""
@@ -89,19 +100,29 @@ def select_index_blocks(q_idx: torch.Tensor, k_idx: torch.Tensor, q_start: int, 
     for lo in range(0, t, _CHUNK):
         hi = min(t, lo + _CHUNK)
         q_pos = torch.arange(q_start + lo, q_start + hi)
-        scores = q_idx[:, lo:hi].float() @ k_idx.float().T                             # [Hidx, Tc, Tk]
+        scores = q_idx[:, lo:hi].float() @ k_idx.float().T  # [Hidx, Tc, Tk]
         scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
         scores = F.pad(scores, (0, n_blocks * block_size - tk), value=float("-inf"))
-        block_scores = scores.view(h, hi - lo, n_blocks, block_size).amax(-1)          # [Hidx, Tc, n_blocks]
-        local = (q_pos[:, None] // block_size - torch.arange(local_blocks)).clamp(min=0)  # [Tc, local]
+        block_scores = scores.view(h, hi - lo, n_blocks, block_size).amax(
+            -1
+        )  # [Hidx, Tc, n_blocks]
+        local = (q_pos[:, None] // block_size - torch.arange(local_blocks)).clamp(
+            min=0
+        )  # [Tc, local]
         block_scores.scatter_(-1, local.expand(h, -1, -1), float("inf"))
         top_scores, top = block_scores.topk(min(topk_blocks, n_blocks), dim=-1)
         parts.append(top.masked_fill(top_scores == float("-inf"), -1))
     return torch.cat(parts, dim=1)
 
 
-def block_sparse_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks: torch.Tensor,
-                           q_start: int, block_size: int) -> torch.Tensor:
+def block_sparse_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    blocks: torch.Tensor,
+    q_start: int,
+    block_size: int,
+) -> torch.Tensor:
     """q: [Hq, T, D] at q_start..; keys, values: [Hkv, q_start+T, D]; blocks: [Hkv, T, K] per query.
     Exact softmax over the tokens of each query's blocks, key position <= query position."""
     hq, t, d = q.shape
@@ -116,13 +137,17 @@ def block_sparse_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
         n_blocks = -(-end // block_size)
         row = blocks[:, lo:hi].long()
         picked = torch.zeros(hkv, hi - lo, n_blocks + 1, dtype=torch.bool)
-        picked.scatter_(-1, row.masked_fill(row < 0, n_blocks), True)                  # -1 lands in a spare column
-        allowed = picked[..., :n_blocks].repeat_interleave(block_size, dim=-1)[..., :end]  # [Hkv, Tc, end]
+        picked.scatter_(-1, row.masked_fill(row < 0, n_blocks), True)  # -1 lands in a spare column
+        allowed = picked[..., :n_blocks].repeat_interleave(block_size, dim=-1)[
+            ..., :end
+        ]  # [Hkv, Tc, end]
         q_pos = torch.arange(q_start + lo, q_start + hi)
         allowed &= torch.arange(end)[None, :] <= q_pos[:, None]
-        qg = q[:, lo:hi].float().reshape(hkv, group * (hi - lo), d)                   # [Hkv, G*Tc, D]
+        qg = q[:, lo:hi].float().reshape(hkv, group * (hi - lo), d)  # [Hkv, G*Tc, D]
         allowed = allowed[:, None].expand(-1, group, -1, -1).reshape(hkv, group * (hi - lo), end)
-        o, _ = softmax_attend((qg @ keys[:, :end].float().mT) * d ** -0.5, allowed, values[:, :end].float())
+        o, _ = softmax_attend(
+            (qg @ keys[:, :end].float().mT) * d**-0.5, allowed, values[:, :end].float()
+        )
         out[:, lo:hi] = o.reshape(hq, hi - lo, d).to(q.dtype)
     return out
 
@@ -146,15 +171,21 @@ class Indexer(nn.Module):
     def forward(self, x, cos, sin, index_keys: torch.Tensor, q_start: int) -> torch.Tensor:
         """Selected blocks [Hidx, T, K] of each new token, from all cached index keys [q_start+T, Di]."""
         t, di = x.shape[0], self.head_dim
-        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, di)).transpose(0, 1)       # [Hidx, T, Di]
+        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, di)).transpose(0, 1)  # [Hidx, T, Di]
         q = apply_rope(q, cos[..., :di], sin[..., :di])
-        return select_index_blocks(q, index_keys, q_start, self.block_size, self.topk_blocks, self.local_blocks)
+        return select_index_blocks(
+            q, index_keys, q_start, self.block_size, self.topk_blocks, self.local_blocks
+        )
 
 
 class MiniMaxM3Attention(nn.Module):
     def __init__(self, config: MiniMaxM3Config, layer: int):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         d = self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, self.n_heads * d, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
@@ -166,20 +197,24 @@ class MiniMaxM3Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int, rope) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, d)).transpose(0, 1)       # q: [Hq, T, D]
-        k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, d)).transpose(0, 1)    # k: [Hkv, T, D]
+        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, d)).transpose(0, 1)  # q: [Hq, T, D]
+        k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, d)).transpose(
+            0, 1
+        )  # k: [Hkv, T, D]
         v = self.v_proj(x).view(t, self.n_kv_heads, d).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = cache.write(layer, k, v)                                         # [Hkv, q_start+T, D]
+        keys, values = cache.write(layer, k, v)  # [Hkv, q_start+T, D]
         if self.indexer is None:
             out = dense_attention(q, keys, values, q_start=q_start)
         else:
-            index_keys = cache.write_index(layer, self.indexer.keys(x, cos, sin))       # [q_start+T, Di]
+            index_keys = cache.write_index(layer, self.indexer.keys(x, cos, sin))  # [q_start+T, Di]
             if cache.settings.mode == "dense":
                 out = dense_attention(q, keys, values, q_start=q_start)
             else:
-                blocks = self.indexer(x, cos, sin, index_keys, q_start)                 # [Hkv, T, K]
-                out = block_sparse_attention(q, keys, values, blocks, q_start, self.indexer.block_size)
+                blocks = self.indexer(x, cos, sin, index_keys, q_start)  # [Hkv, T, K]
+                out = block_sparse_attention(
+                    q, keys, values, blocks, q_start, self.indexer.block_size
+                )
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 
 
@@ -193,10 +228,15 @@ class MiniMaxM3Block(Block):
         self.self_attn = MiniMaxM3Attention(config, layer)
         self.post_attention_layernorm = gemma_norm(config.hidden_size, config.rms_norm_eps)
         if config.mlp_layer_types[layer] == "sparse":
-            self.mlp = SparseMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                                 config.num_experts_per_tok, glu=glu,
-                                 shared_intermediate=config.shared_intermediate_size,
-                                 routed_scaling=config.routed_scaling_factor)
+            self.mlp = SparseMoE(
+                config.hidden_size,
+                config.intermediate_size,
+                config.num_local_experts,
+                config.num_experts_per_tok,
+                glu=glu,
+                shared_intermediate=config.shared_intermediate_size,
+                routed_scaling=config.routed_scaling_factor,
+            )
         else:
             self.mlp = GatedMLP(config.hidden_size, config.dense_intermediate_size, glu)
 
@@ -205,13 +245,22 @@ class MiniMaxM3(Transformer):
     block_class = MiniMaxM3Block
     norm_offset = 1.0
 
-    def new_cache(self, capacity: int = 0, settings: AttentionSettings | None = None,
-                  storage_dir=None) -> IndexedKVCache:
+    def new_cache(
+        self, capacity: int = 0, settings: AttentionSettings | None = None, storage_dir=None
+    ) -> IndexedKVCache:
         """An empty cache with index keys for the indexer layers (in memory only)."""
         base = super().new_cache(0, settings)
         c = self.config
-        return IndexedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size=base.block_size,
-                              dtype=base.dtype, capacity=capacity, settings=base.settings, storage_dir=storage_dir,
-                              rope=base.rope,
-                              index_layers=[i for i, kind in enumerate(c.layer_types) if kind == SPARSE],
-                              index_head_dim=c.index_head_dim)
+        return IndexedKVCache(
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+            block_size=base.block_size,
+            dtype=base.dtype,
+            capacity=capacity,
+            settings=base.settings,
+            storage_dir=storage_dir,
+            rope=base.rope,
+            index_layers=[i for i, kind in enumerate(c.layer_types) if kind == SPARSE],
+            index_head_dim=c.index_head_dim,
+        )

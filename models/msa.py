@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from msa_kernels import (
+from msa.kernels import (
     dense_attention,
     score_blocks,
     score_query_blocks,
@@ -32,24 +32,32 @@ from msa_kernels import (
     sparse_decode_attention,
     sparse_prefill_attention,
 )
-from msa_kernels.selected_tokens import gather_selected_tokens
+from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .kv_cache import KVCache
 from .layers import RotaryEmbedding, apply_rope
 from .msa_decode import decode_attend, select_shared, union_over_heads
-
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
 # "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
 PREFILL_QUERY_REDUCE = "pool"
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVCache, layer: int,
-           q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    q_start: int,
+    rope: RotaryEmbedding,
+) -> torch.Tensor:
     """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D], of which the
     cache's restored blocks are loaded here as they are read (`KVCache.write(selective=True)`).
     Returns [Hq, Tq, D]."""
-    observe = getattr(cache, "observe_queries", None)    # msa_cli's sources: which blocks these queries read
+    observe = getattr(
+        cache, "observe_queries", None
+    )  # the engine's sources: which blocks these queries read
     if observe is not None:
         observe(layer, q, q_start)
     s = cache.settings
@@ -61,20 +69,26 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache: KVC
     if n_dense:
         end = q_start + n_dense
         cache.load_tokens(layer, 0, end)
-        parts.append(dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start))
+        parts.append(
+            dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start)
+        )
     if n_dense < tq:
         start = q_start + n_dense
-        n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))   # queries at true positions
+        n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))  # queries at true positions
         if n_true:
-            q_true = q[:, n_dense:n_dense + n_true]
+            q_true = q[:, n_dense : n_dense + n_true]
             idx = _chosen(q_true, start, cache, layer)
             cache.load_blocks(layer, idx)
             parts.append(_sparse(q_true, start, keys, values, idx, cache.block_size))
         if n_dense + n_true < tq:
-            q_moved = q[:, n_dense + n_true:]
+            q_moved = q[:, n_dense + n_true :]
             idx = _chosen(q_moved, start + n_true, cache, layer)
             cache.load_blocks(layer, idx)
-            parts.append(_sparse_repositioned(q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope))
+            parts.append(
+                _sparse_repositioned(
+                    q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope
+                )
+            )
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -99,22 +113,39 @@ def _select(q, q_start, summaries, s, block_size):
     """Selected block ids per query block: [Hkv, n_qblocks, K]."""
     n_tokens = q_start + q.shape[1]
     if q.shape[1] == 1:
-        scores = score_blocks(q[:, 0], summaries)                                      # [Hkv, n_full]
-        idx = select_blocks(scores, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
-                            local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
+        scores = score_blocks(q[:, 0], summaries)  # [Hkv, n_full]
+        idx = select_blocks(
+            scores,
+            n_tokens=n_tokens,
+            block_size=block_size,
+            topk=s.topk,
+            local_blocks=s.local_blocks,
+            sink_blocks=s.sink_blocks,
+        )
         return idx[:, None]
     # each query block scores with its mean query: one query per block keeps prefill linear, and
     # finds a planted needle as often as the max over its queries (benchmarks/msa_selection.py)
-    scores = score_query_blocks(q, q_start, summaries, block_size, query_reduce=PREFILL_QUERY_REDUCE)  # [Hkv, nq, n_full]
-    return select_query_blocks(scores, q_start=q_start, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
-                               local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
+    scores = score_query_blocks(
+        q, q_start, summaries, block_size, query_reduce=PREFILL_QUERY_REDUCE
+    )  # [Hkv, nq, n_full]
+    return select_query_blocks(
+        scores,
+        q_start=q_start,
+        n_tokens=n_tokens,
+        block_size=block_size,
+        topk=s.topk,
+        local_blocks=s.local_blocks,
+        sink_blocks=s.sink_blocks,
+    )
 
 
 def _sparse(q, q_start, keys, values, idx, block_size):
     """MSA at true positions over the blocks idx [Hkv, n_qblocks, K]."""
     end = q_start + q.shape[1]
     if q.shape[1] == 1:
-        return sparse_decode_attention(q[:, 0], keys[:, :end], values[:, :end], idx[:, 0], block_size)[:, None]
+        return sparse_decode_attention(
+            q[:, 0], keys[:, :end], values[:, :end], idx[:, 0], block_size
+        )[:, None]
     return sparse_prefill_attention(q, q_start, keys[:, :end], values[:, :end], idx, block_size)
 
 
@@ -126,22 +157,30 @@ def _sparse_repositioned(q, q_start, keys, values, idx, s, block_size, rope):
     hkv, nq, _ = idx.shape
     group = hq // hkv
     first_qblock = q_start // block_size
-    k_sel, v_sel, key_pos = gather_selected_tokens(keys[:, :end], values[:, :end], idx, block_size)  # [Hkv, nq, K*B, .]
-    window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(min=0)  # [nq]
+    k_sel, v_sel, key_pos = gather_selected_tokens(
+        keys[:, :end], values[:, :end], idx, block_size
+    )  # [Hkv, nq, K*B, .]
+    window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(
+        min=0
+    )  # [nq]
     k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
     # Queries laid out by query block, `rows` per block: chunk row t sits at slot t + offset. A
     # chunk inside one block (decode, a short question) needs no padding.
     rows, offset = (block_size, q_start % block_size) if nq > 1 else (tq, 0)
     padded = q.new_zeros((hq, nq * rows, d), dtype=torch.float32)
-    padded[:, offset:offset + tq] = q.float()
+    padded[:, offset : offset + tq] = q.float()
     qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv, nq, group * rows, d)
     # Padding rows get the block's last position, so every row reads at least one key.
     q_pos = (q_start - offset + torch.arange(nq * rows)).clamp(q_start, end - 1)
     q_pos = q_pos.view(nq, 1, rows).expand(nq, group, rows).reshape(1, nq, group * rows, 1)
-    allowed = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= q_pos)          # [Hkv, nq, G*rows, K*B]
-    o = F.scaled_dot_product_attention(qg, k_sel, v_sel, attn_mask=allowed, scale=d ** -0.5)  # [Hkv, nq, G*rows, D]
+    allowed = (key_pos[:, :, None, :] >= 0) & (
+        key_pos[:, :, None, :] <= q_pos
+    )  # [Hkv, nq, G*rows, K*B]
+    o = F.scaled_dot_product_attention(
+        qg, k_sel, v_sel, attn_mask=allowed, scale=d**-0.5
+    )  # [Hkv, nq, G*rows, D]
     o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
-    return o[:, offset:offset + tq].to(q.dtype)
+    return o[:, offset : offset + tq].to(q.dtype)
 
 
 def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
@@ -156,11 +195,11 @@ def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
     slot = torch.arange(width)
     row = idx.long()
     first = window_first.view(1, -1, 1)
-    far = (row >= 0) & (row < first)                                                   # [Hkv, nq, K]
-    n_far = far.sum(dim=-1, keepdim=True)                                              # [Hkv, nq, 1]
-    shift_blocks = torch.where(far, (first - row) - (n_far - slot), 0)                 # [Hkv, nq, K], >= 0
-    cos, sin = rope.cos_sin(shift_blocks * block_size)                                 # [Hkv, nq, K, R]
-    r = cos.shape[-1]                                                                  # rotated channels (partial RoPE: < D)
-    by_block = k_sel.view(hkv, nq, width, block_size, -1)                              # [Hkv, nq, K, B, D]
+    far = (row >= 0) & (row < first)  # [Hkv, nq, K]
+    n_far = far.sum(dim=-1, keepdim=True)  # [Hkv, nq, 1]
+    shift_blocks = torch.where(far, (first - row) - (n_far - slot), 0)  # [Hkv, nq, K], >= 0
+    cos, sin = rope.cos_sin(shift_blocks * block_size)  # [Hkv, nq, K, R]
+    r = cos.shape[-1]  # rotated channels (partial RoPE: < D)
+    by_block = k_sel.view(hkv, nq, width, block_size, -1)  # [Hkv, nq, K, B, D]
     moved = apply_rope(by_block, cos.view(hkv, nq, width, 1, r), sin.view(hkv, nq, width, 1, r))
     return moved.view(k_sel.shape)

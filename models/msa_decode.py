@@ -24,41 +24,50 @@ from __future__ import annotations
 
 import torch
 
-from msa_kernels.selection import select_blocks
+from msa.kernels.selection import select_blocks
 
 from .kv_cache import KVCache
 from .layers import RotaryEmbedding
 
 
-def decode_attend(q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding) -> torch.Tensor:
+def decode_attend(
+    q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding
+) -> torch.Tensor:
     """q: [Hq, 1, D], the token at position q_start (its K/V already written, MSA settings
     sparse at q_start). Returns [Hq, 1, D] in q's dtype."""
     s, block_size = cache.settings, cache.block_size
     n_tokens = q_start + 1
     hq, _, d = q.shape
     hkv = cache.n_kv_heads
-    qf = q.view(hkv, hq // hkv, d).float() * d ** -0.5                   # [Hkv, G, D], scaled
+    qf = q.view(hkv, hq // hkv, d).float() * d**-0.5  # [Hkv, G, D], scaled
 
-    def choose():   # by content: keys and the query rotated back to position 0 (msa.py)
-        summaries = cache.block_summaries(layer, n_tokens, by_content=True)         # [Hkv, n_full, 2, D]
-        q_scored = cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()   # scale: no matter to top-k
+    def choose():  # by content: keys and the query rotated back to position 0 (msa.py)
+        summaries = cache.block_summaries(layer, n_tokens, by_content=True)  # [Hkv, n_full, 2, D]
+        q_scored = (
+            cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()
+        )  # scale: no matter to top-k
         return _select(q_scored, summaries, n_tokens, s, block_size)
 
-    idx, n_far, n_chosen, _ = select_shared(cache, layer, (q_start, 1), choose,
-                                            lambda chosen: _shared_by_heads(*chosen))   # [Hkv, W]
+    idx, n_far, n_chosen, _ = select_shared(
+        cache, layer, (q_start, 1), choose, lambda chosen: _shared_by_heads(*chosen)
+    )  # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
-    k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)   # [Hkv, W, B, D]
+    k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)  # [Hkv, W, B, D]
     if q_start >= s.bounded_from and n_far:
         window_first = q_start // block_size - s.local_blocks + 1
-        q_per_block = _counter_rotate(qf, idx, n_far, window_first, block_size, rope)   # [Hkv, W, G, D]
-        logits = (q_per_block @ k_sel.mT).transpose(1, 2)                # [Hkv, G, W, B]
+        q_per_block = _counter_rotate(
+            qf, idx, n_far, window_first, block_size, rope
+        )  # [Hkv, W, G, D]
+        logits = (q_per_block @ k_sel.mT).transpose(1, 2)  # [Hkv, G, W, B]
     else:
         logits = (qf @ k_sel.view(hkv, width * block_size, d).mT).view(hkv, -1, width, block_size)
-    logits[:, :, n_chosen - 1, q_start % block_size + 1:] = float("-inf")   # the unwritten rest of its own block
-    logits[:, :, n_chosen:] = float("-inf")                              # unused slots
-    weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)   # [Hkv, G, W*B]
-    out = weights @ v_sel.view(hkv, width * block_size, d)               # [Hkv, G, D]
+    logits[:, :, n_chosen - 1, q_start % block_size + 1 :] = float(
+        "-inf"
+    )  # the unwritten rest of its own block
+    logits[:, :, n_chosen:] = float("-inf")  # unused slots
+    weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
+    out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
     return out.view(hq, 1, d).to(q.dtype)
 
 
@@ -76,25 +85,37 @@ def _select(qf, summaries, n_tokens, s, block_size):
     dev = qf.device
     idx = torch.full((hkv, width), -1, dtype=torch.int32, device=dev)
     if n_candidates <= s.topk:
-        idx[:, :last + 1] = torch.arange(0, last + 1, device=dev)
+        idx[:, : last + 1] = torch.arange(0, last + 1, device=dev)
         return idx, local_start, last + 1, None
     q_pos = qf.clamp(min=0)
-    parts = torch.stack([(qf - q_pos).sum(1), q_pos.sum(1)], dim=1)            # [Hkv, 2, D]: (neg, pos)
-    candidates = summaries[:, sink_end:local_start].reshape(hkv, n_candidates, -1)   # [Hkv, n, 2D] (min, max)
+    parts = torch.stack([(qf - q_pos).sum(1), q_pos.sum(1)], dim=1)  # [Hkv, 2, D]: (neg, pos)
+    candidates = summaries[:, sink_end:local_start].reshape(
+        hkv, n_candidates, -1
+    )  # [Hkv, n, 2D] (min, max)
     # an elementwise product and a sum: a batched matmul with one column runs 4-5x slower here
-    scores = (candidates * parts.view(hkv, 1, -1)).sum(-1)                      # [Hkv, n]
+    scores = (candidates * parts.view(hkv, 1, -1)).sum(-1)  # [Hkv, n]
     best = scores.topk(s.topk, dim=1)
-    if int((scores >= best.values[:, -1:]).sum()) > hkv * s.topk:              # a tie at some row's cut-off
+    if int((scores >= best.values[:, -1:]).sum()) > hkv * s.topk:  # a tie at some row's cut-off
         full = scores.new_full((hkv, local_start), float("-inf"))
         full[:, sink_end:] = scores
-        idx = select_blocks(full, n_tokens=n_tokens, block_size=block_size, topk=s.topk,
-                            local_blocks=s.local_blocks, sink_blocks=s.sink_blocks)
-        ranked = scores.argsort(dim=1, descending=True, stable=True)[:, :s.topk]     # ties: the lower block first
+        idx = select_blocks(
+            full,
+            n_tokens=n_tokens,
+            block_size=block_size,
+            topk=s.topk,
+            local_blocks=s.local_blocks,
+            sink_blocks=s.sink_blocks,
+        )
+        ranked = scores.argsort(dim=1, descending=True, stable=True)[
+            :, : s.topk
+        ]  # ties: the lower block first
     else:
         ranked = best.indices
         idx[:, :sink_end] = torch.arange(sink_end, device=dev)
-        idx[:, sink_end:sink_end + s.topk] = best.indices.sort(dim=1).values + sink_end
-        idx[:, sink_end + s.topk:sink_end + s.topk + last + 1 - local_start] = torch.arange(local_start, last + 1, device=dev)
+        idx[:, sink_end : sink_end + s.topk] = best.indices.sort(dim=1).values + sink_end
+        idx[:, sink_end + s.topk : sink_end + s.topk + last + 1 - local_start] = torch.arange(
+            local_start, last + 1, device=dev
+        )
     n_far = sink_end + s.topk
     return idx, n_far, n_far + last + 1 - local_start, ranked + sink_end
 
@@ -105,7 +126,12 @@ def select_shared(cache: KVCache, layer: int, key: tuple, choose, share):
     cache for the layers after it."""
     s = cache.settings
     kept = cache.shared_selection
-    if s.selection_layer is not None and layer > s.selection_layer and kept is not None and kept[0] == key:
+    if (
+        s.selection_layer is not None
+        and layer > s.selection_layer
+        and kept is not None
+        and kept[0] == key
+    ):
         return kept[1]
     chosen = choose()
     if layer == s.selection_layer:
@@ -120,7 +146,7 @@ def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
     rows = [row[row >= 0].unique() for row in idx.unbind(1)]
     out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
     for j, row in enumerate(rows):
-        out[:, j, :len(row)] = row
+        out[:, j, : len(row)] = row
     return out
 
 
@@ -130,12 +156,14 @@ def _shared_by_heads(idx, n_far, n_chosen, ranked):
     head's best block, then every head's second best, ...). The whole union of the heads' choices
     (what a question chunk shares) would make every later layer read up to Hkv times as many
     blocks at every step."""
-    if ranked is None:                                   # every candidate taken: the heads agree
+    if ranked is None:  # every candidate taken: the heads agree
         return idx, n_far, n_chosen, None
     topk = ranked.shape[1]
-    taken = list(dict.fromkeys(ranked.T.reshape(-1).tolist()))[:topk]   # rank-major, first occurrences
+    taken = list(dict.fromkeys(ranked.T.reshape(-1).tolist()))[
+        :topk
+    ]  # rank-major, first occurrences
     row = idx[0].clone()
-    row[n_far - topk:n_far] = torch.tensor(sorted(taken), dtype=row.dtype, device=row.device)
+    row[n_far - topk : n_far] = torch.tensor(sorted(taken), dtype=row.dtype, device=row.device)
     return row.expand(idx.shape[0], -1), n_far, n_chosen, None
 
 
@@ -145,9 +173,17 @@ def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_s
     view with two index tensors copies element by element, 7x slower)."""
     hkv, capacity, d = keys.shape
     n_blocks = capacity // block_size
-    rows = (idx.clamp(min=0) + torch.arange(0, hkv * n_blocks, n_blocks, dtype=idx.dtype, device=idx.device)[:, None]).view(-1)
-    return tuple(store.view(hkv * n_blocks, block_size * d).index_select(0, rows).view(hkv, -1, block_size, d).float()
-                 for store in (keys, values))
+    rows = (
+        idx.clamp(min=0)
+        + torch.arange(0, hkv * n_blocks, n_blocks, dtype=idx.dtype, device=idx.device)[:, None]
+    ).view(-1)
+    return tuple(
+        store.view(hkv * n_blocks, block_size * d)
+        .index_select(0, rows)
+        .view(hkv, -1, block_size, d)
+        .float()
+        for store in (keys, values)
+    )
 
 
 def _counter_rotate(qf, idx, n_far, window_first, block_size, rope):
@@ -156,12 +192,14 @@ def _counter_rotate(qf, idx, n_far, window_first, block_size, rope):
     before the local window (msa._move_far_blocks); the other slots do not move. Rotate-half
     RoPE by -a: q cos a - rotate_half(q) sin a, on the first R channels."""
     slot = torch.arange(idx.shape[1], device=idx.device)
-    shift = torch.where(slot < n_far, (window_first - idx.long()) - (n_far - slot), 0)   # [Hkv, W] blocks
-    cos, sin = (t.to(qf.device) for t in rope.cos_sin(shift.cpu() * block_size))        # [Hkv, W, R]
+    shift = torch.where(
+        slot < n_far, (window_first - idx.long()) - (n_far - slot), 0
+    )  # [Hkv, W] blocks
+    cos, sin = (t.to(qf.device) for t in rope.cos_sin(shift.cpu() * block_size))  # [Hkv, W, R]
     r = cos.shape[-1]
     q_r = qf[..., :r]
-    half_turn = torch.cat([-q_r[..., r // 2:], q_r[..., :r // 2]], dim=-1)               # [Hkv, G, R]
-    moved = q_r[:, None] * cos[:, :, None] - half_turn[:, None] * sin[:, :, None]        # [Hkv, W, G, R]
+    half_turn = torch.cat([-q_r[..., r // 2 :], q_r[..., : r // 2]], dim=-1)  # [Hkv, G, R]
+    moved = q_r[:, None] * cos[:, :, None] - half_turn[:, None] * sin[:, :, None]  # [Hkv, W, G, R]
     if r == qf.shape[-1]:
         return moved
     return torch.cat([moved, qf[:, None, :, r:].expand(-1, idx.shape[1], -1, -1)], dim=-1)

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from msa_kernels.cpu_features import cpu_flags
+from msa.kernels.cpu_features import cpu_flags
 
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
-PREFILL_ROWS = 16   # above this many rows, int8 dequantizes then multiplies (a compute-bound matmul)
+PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a compute-bound matmul)
 # PyTorch's CPU int8 and int4 weight-only kernels are vectorized for bf16 activations; with fp32
 # ones they run 10-50x slower (measured, 2 threads, AVX-512 and AVX2 builds alike). So the
 # activations go in as bf16 (and the output comes back in the caller's dtype): the weights
@@ -55,11 +55,18 @@ def quantize_int4(w: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE):
     """w [N, K] -> packed uint8 [N, K/2] (element 2i in the low nibble), scale and min fp32 [N, K/g]."""
     n, k = w.shape
     if k % group_size or group_size % 2:
-        raise ValueError(f"int4 needs the input width ({k}) to be a multiple of an even group size ({group_size})")
+        raise ValueError(
+            f"int4 needs the input width ({k}) to be a multiple of an even group size ({group_size})"
+        )
     groups = w.float().view(n, k // group_size, group_size)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
     scale = ((hi - lo) / 15).clamp_min(1e-12)
-    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    q = (
+        torch.round((groups - lo[..., None]) / scale[..., None])
+        .clamp(0, 15)
+        .to(torch.uint8)
+        .view(n, k)
+    )
     return q[:, 0::2] | (q[:, 1::2] << 4), scale, lo
 
 
@@ -84,7 +91,7 @@ class Int8Linear(nn.Module):
         self._scales_bf16 = None
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._scales_bf16 = None   # made again from the new scales on the next call
+        self._scales_bf16 = None  # made again from the new scales on the next call
         super()._load_from_state_dict(*args, **kwargs)
         if self.weight.data_ptr() % 64:
             # the kernel loads its weights with aligned vector loads: a tensor read from a
@@ -92,13 +99,17 @@ class Int8Linear(nn.Module):
             self.weight = self.weight.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).contiguous()                            # [M, K]
-        if flat.shape[0] > PREFILL_ROWS:  # PyTorch's kernel is tuned for decode; measured 15x slower at M=512
+        flat = x.reshape(-1, self.in_features).contiguous()  # [M, K]
+        if (
+            flat.shape[0] > PREFILL_ROWS
+        ):  # PyTorch's kernel is tuned for decode; measured 15x slower at M=512
             out = F.linear(flat, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
         else:
             if self._scales_bf16 is None:
                 self._scales_bf16 = self.scales.to(KERNEL_DTYPE)
-            out = torch.ops.aten._weight_int8pack_mm(flat.to(KERNEL_DTYPE), self.weight, self._scales_bf16).to(x.dtype)
+            out = torch.ops.aten._weight_int8pack_mm(
+                flat.to(KERNEL_DTYPE), self.weight, self._scales_bf16
+            ).to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -117,28 +128,40 @@ class Int4Linear(nn.Module):
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         names = [prefix + k for k in ("weight", "scales", "mins")]
         if not all(n in state_dict for n in names):
-            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                                 unexpected_keys, error_msgs)
+            return super()._load_from_state_dict(
+                state_dict,
+                prefix,
+                local_metadata,
+                strict,
+                missing_keys,
+                unexpected_keys,
+                error_msgs,
+            )
         weight, scales, mins = (state_dict[n] for n in names)
-        q = unpack_int4(weight).to(torch.int32)                                         # [N, K] in 0..15
+        q = unpack_int4(weight).to(torch.int32)  # [N, K] in 0..15
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
         zeros = mins.float() + 8 * scales.float()
-        self.scales_zeros = torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
+        self.scales_zeros = (
+            torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
+        )
         if self.keep_prefill_copy is not None:
             self.prefill_weight = dequantize_int4(weight, scales, mins).to(self.keep_prefill_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)                                         # [M, K]
+        flat = x.reshape(-1, self.in_features)  # [M, K]
         if self.prefill_weight is not None and flat.shape[0] > PREFILL_ROWS:
             out = F.linear(flat.to(self.prefill_weight.dtype), self.prefill_weight)
             return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
         flat = flat.to(KERNEL_DTYPE).contiguous()
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_zeros)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.packed, self.group_size, self.scales_zeros
+        )
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -161,20 +184,30 @@ def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
         return PREFILL_COPY_DTYPES[forced]
     dtype = torch.bfloat16 if native_bf16() else torch.float32
     size = dtype.itemsize * n_int4_weights
-    return dtype if size <= PREFILL_COPY_MAX_BYTES and size <= psutil.virtual_memory().total // 8 else None
+    return (
+        dtype
+        if size <= PREFILL_COPY_MAX_BYTES and size <= psutil.virtual_memory().total // 8
+        else None
+    )
 
 
 def prefill_copies(model: nn.Module) -> str | None:
     """The dtype of the int4 layers' prefill copies ("bf16", "fp32"), None if they keep none."""
     names = {v: k for k, v in PREFILL_COPY_DTYPES.items() if v is not None}
-    kept = {m.prefill_weight.dtype for m in model.modules() if getattr(m, "prefill_weight", None) is not None}
+    kept = {
+        m.prefill_weight.dtype
+        for m in model.modules()
+        if getattr(m, "prefill_weight", None) is not None
+    }
     return names[kept.pop()] if kept else None
 
 
-HEAD_NAMES = ("lm_head",)   # output heads: int8 even in int4 mode
+HEAD_NAMES = ("lm_head",)  # output heads: int8 even in int4 mode
 
 
-def quantization_plan(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, str]:
+def quantization_plan(
+    model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE
+) -> dict[str, str]:
     """Which Linear modules to quantize, and how: every one but MoE routers (`.gate`). In int4
     mode, the output head and any Linear the int4 kernel cannot take (input width not a
     multiple of the group, output not of 16) get int8: the head turns every hidden state into
@@ -201,7 +234,9 @@ def _check_mode(mode: str) -> None:
 
 
 @torch.no_grad()
-def quantize_weights(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, torch.Tensor]:
+def quantize_weights(
+    model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE
+) -> dict[str, torch.Tensor]:
     """Step 1: the quantized tensors of every planned Linear, by module name (int4 ones have `mins`)."""
     state = {}
     for name, kind in quantization_plan(model, mode, group_size).items():
@@ -209,13 +244,19 @@ def quantize_weights(model: nn.Module, mode: str, group_size: int = DEFAULT_GROU
         if kind == "int8":
             state[f"{name}.weight"], state[f"{name}.scales"] = quantize_int8(linear.weight)
         else:
-            state[f"{name}.weight"], state[f"{name}.scales"], state[f"{name}.mins"] = quantize_int4(linear.weight, group_size)
+            state[f"{name}.weight"], state[f"{name}.scales"], state[f"{name}.mins"] = quantize_int4(
+                linear.weight, group_size
+            )
     return state
 
 
 @torch.no_grad()
-def quantize_state(model: nn.Module, state: dict[str, torch.Tensor], mode: str,
-                   group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, torch.Tensor]:
+def quantize_state(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    mode: str,
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> dict[str, torch.Tensor]:
     """Step 1 on a state dict by module names (`model` only gives the plan: a skeleton on the
     meta device will do). Linears already quantized in `state` (a GGUF's Q4_1 blocks) stay as
     they are; a tied output head is quantized from the embedding, which stays floating."""
@@ -232,7 +273,9 @@ def quantize_state(model: nn.Module, state: dict[str, torch.Tensor], mode: str,
         if kind == "int8":
             out[f"{name}.weight"], out[f"{name}.scales"] = quantize_int8(w)
         else:
-            out[f"{name}.weight"], out[f"{name}.scales"], out[f"{name}.mins"] = quantize_int4(w, group_size)
+            out[f"{name}.weight"], out[f"{name}.scales"], out[f"{name}.mins"] = quantize_int4(
+                w, group_size
+            )
     return out
 
 
@@ -246,8 +289,13 @@ def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SI
     plan = quantization_plan(model, mode, group_size)
     for name, kind in plan.items():
         old = model.get_submodule(name)
-        _replace(model, name, Int8Linear(old.in_features, old.out_features) if kind == "int8"
-                 else Int4Linear(old.in_features, old.out_features, group_size))
+        _replace(
+            model,
+            name,
+            Int8Linear(old.in_features, old.out_features)
+            if kind == "int8"
+            else Int4Linear(old.in_features, old.out_features, group_size),
+        )
     return list(plan)
 
 
@@ -271,11 +319,13 @@ def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_
     """Both steps, in place."""
     state = quantize_weights(model, mode, group_size)
     swap_linears(model, mode, group_size)
-    model.load_state_dict(state, strict=False)   # the other weights stay as they are
+    model.load_state_dict(state, strict=False)  # the other weights stay as they are
     return model
 
 
-def save_quantized(path, state: dict[str, torch.Tensor], mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> None:
+def save_quantized(
+    path, state: dict[str, torch.Tensor], mode: str, group_size: int = DEFAULT_GROUP_SIZE
+) -> None:
     from safetensors.torch import save_file
 
     _check_mode(mode)
@@ -295,7 +345,9 @@ def load_quantized(path) -> tuple[dict[str, torch.Tensor], str, int]:
     return state, meta["msa.quantization"], int(meta["msa.group_size"])
 
 
-def reference_linear(x: torch.Tensor, state: dict[str, torch.Tensor], name: str, mode: str | None = None) -> torch.Tensor:
+def reference_linear(
+    x: torch.Tensor, state: dict[str, torch.Tensor], name: str, mode: str | None = None
+) -> torch.Tensor:
     """Dequantize, then a plain matmul: the definition the fast kernels are tested against
     (`mode` None: int4 if the state has `mins` for `name`, else int8)."""
     mode = mode or ("int4" if f"{name}.mins" in state else "int8")

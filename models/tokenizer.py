@@ -36,14 +36,18 @@ _SPLITS = {
 _CONTROL = 3  # GGUF token type of special tokens such as <|im_end|>
 
 
-def tokenizer_from_gguf_vocab(tokens: list[str], merges: list[str], token_types: list[int],
-                              pre: str) -> Tokenizer:
+def tokenizer_from_gguf_vocab(
+    tokens: list[str], merges: list[str], token_types: list[int], pre: str
+) -> Tokenizer:
     """A byte-level BPE tokenizer from the vocabulary arrays a GGUF file stores."""
     if pre not in _SPLITS:
-        raise ModelError(f"the model's tokenizer uses the pre-tokenizer {pre!r}, which msa does not know")
+        raise ModelError(
+            f"the model's tokenizer uses the pre-tokenizer {pre!r}, which msa does not know"
+        )
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                     ignore_merges=False)
+    bpe = models.BPE(
+        vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False
+    )
     tok = Tokenizer(bpe)
     splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _SPLITS[pre]]
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -75,22 +79,32 @@ class ChatTemplate:
             template = env.from_string(self.source)
         except jinja2.TemplateError as e:
             raise ModelError(f"the model's chat template does not parse: {e}") from None
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token, eos_token=self.eos_token)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
 
 class TextTokenizer:
     """Encode and decode text; special tokens such as <|im_start|> are parsed as themselves."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, eos_ids: list[int], *,
-                 digest: str | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        eos_ids: list[int],
+        *,
+        digest: str | None = None,
+    ):
         self.tokenizer = tokenizer
         self.template = template
         self.eos_ids = eos_ids
         self._digest = digest
 
     @classmethod
-    def from_file(cls, path, template: ChatTemplate, eos_ids: list[int]) -> "TextTokenizer":
+    def from_file(cls, path, template: ChatTemplate, eos_ids: list[int]) -> TextTokenizer:
         """From a tokenizer.json, with the digest of its bytes (hashing the file is ~20x faster
         than serializing the tokenizer again)."""
         data = Path(path).read_bytes()
@@ -110,7 +124,7 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def stream(self) -> "StreamingDecoder":
+    def stream(self) -> StreamingDecoder:
         return StreamingDecoder(self.tokenizer)
 
     def to_json(self) -> str:

@@ -20,7 +20,9 @@ def parse_lengths(spec: str) -> list[int]:
         try:
             value = int(float(number) * scale)
         except ValueError:
-            raise typer.BadParameter(f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length") from None
+            raise typer.BadParameter(
+                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
+            ) from None
         if value < 1:
             raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
         lengths.append(value)
@@ -45,7 +47,9 @@ def anon_rss_mb() -> float:
     return 0.0
 
 
-def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None) -> list[dict]:
+def run_e2e(
+    loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None
+) -> list[dict]:
     """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
     under the attention `settings` (AttentionSettings; None: the defaults). K/V too large for
     memory live in files under `spill_dir`, as in `msa ask`."""
@@ -60,8 +64,11 @@ def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None, sp
     for length in lengths:
         ids = torch.randint(256, loaded.config.vocab_size, (length,), generator=generator).tolist()
         capacity = length + decode_tokens
-        cache = model.new_cache(capacity=capacity, settings=settings,
-                                storage_dir=kv_storage_dir(loaded.config, capacity, spill_dir))
+        cache = model.new_cache(
+            capacity=capacity,
+            settings=settings,
+            storage_dir=kv_storage_dir(loaded.config, capacity, spill_dir),
+        )
         start = time.perf_counter()
         logits = prefill(model, cache, ids)
         prefill_s = time.perf_counter() - start
@@ -70,14 +77,16 @@ def run_e2e(loaded, lengths: list[int], *, decode_tokens: int, settings=None, sp
             token = torch.argmax(logits).view(1)
             logits = model(token, cache)
         decode_s = time.perf_counter() - start
-        rows.append({
-            "length": length,
-            "prefill_tok_s": round(length / prefill_s, 2),
-            "decode_tok_s": round(decode_tokens / decode_s, 2),
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-            "anon_rss_mb": round(anon_rss_mb(), 1),
-            "kv_in_files": cache.storage_dir is not None,
-        })
+        rows.append(
+            {
+                "length": length,
+                "prefill_tok_s": round(length / prefill_s, 2),
+                "decode_tok_s": round(decode_tokens / decode_s, 2),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
+                "anon_rss_mb": round(anon_rss_mb(), 1),
+                "kv_in_files": cache.storage_dir is not None,
+            }
+        )
         del cache
     return rows
 
@@ -105,9 +114,19 @@ def _median_ms(fn, repeats: int) -> float:
     return times[len(times) // 2]
 
 
-def run_attention(lengths: list[int], *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
-                  topk: int, local_blocks: int, sink_blocks: int, device: str = "cpu",
-                  repeats: int = 5) -> list[dict]:
+def run_attention(
+    lengths: list[int],
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    topk: int,
+    local_blocks: int,
+    sink_blocks: int,
+    device: str = "cpu",
+    repeats: int = 5,
+) -> list[dict]:
     """One decode step of one layer's attention, dense against MSA, on the same random K/V.
 
     MSA's step is what a decode step pays: score every block summary, pick the top-k blocks,
@@ -115,7 +134,7 @@ def run_attention(lengths: list[int], *, n_heads: int, n_kv_heads: int, head_dim
     """
     import torch
 
-    import msa_kernels as K
+    import msa.kernels as K
 
     if device == "cuda" and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA device here", param_hint="--device")
@@ -134,8 +153,14 @@ def run_attention(lengths: list[int], *, n_heads: int, n_kv_heads: int, head_dim
 
         def msa():
             scores = K.score_blocks(q, summaries)
-            idx = K.select_blocks(scores, n_tokens=length, block_size=block_size, topk=topk,
-                                  local_blocks=local_blocks, sink_blocks=sink_blocks)
+            idx = K.select_blocks(
+                scores,
+                n_tokens=length,
+                block_size=block_size,
+                topk=topk,
+                local_blocks=local_blocks,
+                sink_blocks=sink_blocks,
+            )
             K.sparse_decode_attention(q, k, v, idx, block_size)
             sync()
 
@@ -143,14 +168,16 @@ def run_attention(lengths: list[int], *, n_heads: int, n_kv_heads: int, head_dim
         elt = k.element_size()
         width = K.selection_width(topk, local_blocks, sink_blocks)
         selected_tokens = min(length, width * block_size)
-        rows.append({
-            "length": length,
-            "dense_ms": round(dense_ms, 3),
-            "msa_ms": round(msa_ms, 3),
-            "speedup": round(dense_ms / msa_ms, 2),
-            "bytes_read_dense": 2 * length * n_kv_heads * head_dim * elt,
-            "bytes_read_msa": summaries.numel() * summaries.element_size()
-            + 2 * selected_tokens * n_kv_heads * head_dim * elt,
-        })
+        rows.append(
+            {
+                "length": length,
+                "dense_ms": round(dense_ms, 3),
+                "msa_ms": round(msa_ms, 3),
+                "speedup": round(dense_ms / msa_ms, 2),
+                "bytes_read_dense": 2 * length * n_kv_heads * head_dim * elt,
+                "bytes_read_msa": summaries.numel() * summaries.element_size()
+                + 2 * selected_tokens * n_kv_heads * head_dim * elt,
+            }
+        )
         del k, v, summaries
     return rows

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Optional
 
 import typer
 
 from .errors import reports_errors
 
-cache_app = typer.Typer(help="The prefix cache: K/V blocks of the documents already read.",
-                        no_args_is_help=True)
+cache_app = typer.Typer(
+    help="The prefix cache: K/V blocks of the documents already read.", no_args_is_help=True
+)
 
-CacheDirOption = typer.Option(None, "--cache-dir", envvar="MSA_CACHE_DIR", show_envvar=True,
-                              help="msa's cache directory; the prefix cache is its prefix/ folder. "
-                                   "[default: $XDG_CACHE_HOME/msa]")
+CacheDirOption = typer.Option(
+    None,
+    "--cache-dir",
+    envvar="MSA_CACHE_DIR",
+    show_envvar=True,
+    help="msa's cache directory; the prefix cache is its prefix/ folder. "
+    "[default: $XDG_CACHE_HOME/msa]",
+)
 
 
 def _index(cache_dir: str | None):
@@ -31,18 +36,31 @@ def _time(t: float) -> str:
 
 @cache_app.command("ls")
 @reports_errors
-def ls(json_out: bool = typer.Option(False, "--json", help="Print a JSON array, one object per document."),
-       cache_dir: Optional[str] = CacheDirOption):
+def ls(
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per document."
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
     """One line per cached document: id, source, tokens, size, last used (most recent first)."""
     from .prefix_cache import format_size
 
     index = _index(cache_dir)
     rows = []
     for chain in sorted(index.all(), key=lambda c: c.last_used, reverse=True):
-        rows.append({"id": chain.id, "source": chain.source, "model": chain.model, "tokens": chain.tokens,
-                     "cached_tokens": index.cached_tokens(chain), "blocks": len(chain.blocks),
-                     "bytes": index.chain_bytes(chain), "created": _time(chain.created),
-                     "last_used": _time(chain.last_used)})
+        rows.append(
+            {
+                "id": chain.id,
+                "source": chain.source,
+                "model": chain.model,
+                "tokens": chain.tokens,
+                "cached_tokens": index.cached_tokens(chain),
+                "blocks": len(chain.blocks),
+                "bytes": index.chain_bytes(chain),
+                "created": _time(chain.created),
+                "last_used": _time(chain.last_used),
+            }
+        )
     if json_out:
         print(json.dumps(rows, ensure_ascii=False))
         return
@@ -51,14 +69,18 @@ def ls(json_out: bool = typer.Option(False, "--json", help="Print a JSON array, 
         return
     print(f"{'ID':16}  {'TOKENS':>13}  {'SIZE':>9}  {'LAST USED':16}  SOURCE")
     for r in rows:
-        tokens = f"{r['tokens']:,}" if r["cached_tokens"] == r["tokens"] else f"{r['cached_tokens']:,}/{r['tokens']:,}"
+        tokens = (
+            f"{r['tokens']:,}"
+            if r["cached_tokens"] == r["tokens"]
+            else f"{r['cached_tokens']:,}/{r['tokens']:,}"
+        )
         used = datetime.fromisoformat(r["last_used"]).strftime("%Y-%m-%d %H:%M")
         print(f"{r['id']:16}  {tokens:>13}  {format_size(r['bytes']):>9}  {used:16}  {r['source']}")
 
 
 @cache_app.command("info")
 @reports_errors
-def info(cache_dir: Optional[str] = CacheDirOption):
+def info(cache_dir: str | None = CacheDirOption):
     """Where the prefix cache is, its budget and what it holds."""
     from .prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
 
@@ -71,13 +93,19 @@ def info(cache_dir: Optional[str] = CacheDirOption):
     print(f"budget     {format_size(budget_from_env())} ({BUDGET_ENV})")
     print(f"size       {format_size(index.disk_bytes())}")
     print(f"documents  {len(chains)}")
-    print(f"blocks     {len(blocks)} ({sum(1 for key in blocks if uses[key] > 1)} shared by several documents)")
+    print(
+        f"blocks     {len(blocks)} ({sum(1 for key in blocks if uses[key] > 1)} shared by several documents)"
+    )
 
 
 @cache_app.command("rm")
 @reports_errors
-def rm(chain_id: str = typer.Argument(..., metavar="ID", help="A document's id from `msa cache ls` (a unique prefix will do)."),
-       cache_dir: Optional[str] = CacheDirOption):
+def rm(
+    chain_id: str = typer.Argument(
+        ..., metavar="ID", help="A document's id from `msa cache ls` (a unique prefix will do)."
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
     """Remove one document; blocks it shares with other documents stay."""
     from .prefix_cache import format_size
 
@@ -90,9 +118,14 @@ def rm(chain_id: str = typer.Argument(..., metavar="ID", help="A document's id f
 
 @cache_app.command("prune")
 @reports_errors
-def prune(max_size: Optional[str] = typer.Option(None, "--max-size", help="Keep at most this much, e.g. 500M or 10G. "
-                                                 "[default: MSA_CACHE_MAX, else 10G]"),
-          cache_dir: Optional[str] = CacheDirOption):
+def prune(
+    max_size: str | None = typer.Option(
+        None,
+        "--max-size",
+        help="Keep at most this much, e.g. 500M or 10G. [default: MSA_CACHE_MAX, else 10G]",
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
     """Remove the least recently used documents until the cache fits SIZE."""
     from .prefix_cache import budget_from_env, format_size, parse_size
 
@@ -103,13 +136,15 @@ def prune(max_size: Optional[str] = typer.Option(None, "--max-size", help="Keep 
         index.evict(budget)
         after, n_after = index.disk_bytes(), len(index.all())
     removed = n_before - n_after
-    print(f"removed {removed} document{'' if removed == 1 else 's'}, freed {format_size(before - after)}; "
-          f"the cache holds {format_size(after)} (budget {format_size(budget)})")
+    print(
+        f"removed {removed} document{'' if removed == 1 else 's'}, freed {format_size(before - after)}; "
+        f"the cache holds {format_size(after)} (budget {format_size(budget)})"
+    )
 
 
 @cache_app.command("clear")
 @reports_errors
-def clear(cache_dir: Optional[str] = CacheDirOption):
+def clear(cache_dir: str | None = CacheDirOption):
     """Remove every cached document (converted models stay)."""
     import shutil
 

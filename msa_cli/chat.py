@@ -12,9 +12,16 @@ import sys
 import time
 from collections.abc import Iterator
 
-from msa_models.errors import InputTooLongError
+from msa.models.errors import InputTooLongError
 
-from .ask import AskSettings, answer_figures, open_prefix_cache, read_speed_key, reading_summary, token_memo
+from .ask import (
+    AskSettings,
+    answer_figures,
+    open_prefix_cache,
+    read_speed_key,
+    reading_summary,
+    token_memo,
+)
 from .context import Context
 from .conversation import Conversation, Turn
 from .generate import Generation, Timings, prefill
@@ -25,55 +32,81 @@ from .runtime import kv_storage_dir
 from .sampling import Sampler
 from .sources import SourceTracker
 
+
 class ChatSession(Conversation):
     def __init__(self, loaded, context: Context, settings: AskSettings):
         super().__init__(context)
         self.loaded, self.settings = loaded, settings
         tok = loaded.tokenizer
-        self.prompt = build_prompt(tok, context.text, "", system=settings.system,       # head + documents
-                                   token_memo=token_memo(loaded, settings))
+        self.prompt = build_prompt(
+            tok,
+            context.text,
+            "",
+            system=settings.system,  # head + documents
+            token_memo=token_memo(loaded, settings),
+        )
         self.context_length = self.prompt.context_length
-        self.limit = loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
+        self.limit = (
+            loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
+        )
         if self.limit is not None and self.context_length >= self.limit:
-            raise InputTooLongError(f"{context.name}: the documents are {self.context_length:,} tokens, but "
-                                    f"{loaded.name} reads at most {self.limit:,} with dense attention")
+            raise InputTooLongError(
+                f"{context.name}: the documents are {self.context_length:,} tokens, but "
+                f"{loaded.name} reads at most {self.limit:,} with dense attention"
+            )
         capacity = self.context_length + settings.max_tokens + 256
-        self.cache = loaded.model.new_cache(capacity=capacity, settings=settings.attention,
-                                            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir))
-        self.tracker = SourceTracker(self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length)
+        self.cache = loaded.model.new_cache(
+            capacity=capacity,
+            settings=settings.attention,
+            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir),
+        )
+        self.tracker = SourceTracker(
+            self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length
+        )
         self.cache.observe_queries = self.tracker
         self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
-        self.seq: list[int] = []        # the conversation's tokens; the cache holds seq[:cache.length]
+        self.seq: list[int] = []  # the conversation's tokens; the cache holds seq[:cache.length]
         self.cached_tokens = 0
         self.read_s = 0.0
 
     def read_documents(self) -> None:
         """Restore what the prefix cache holds of the documents and prefill the rest."""
         ids = self.prompt.head + self.prompt.document
-        stored = open_prefix_cache(self.loaded, self.cache, self.prompt, self.context, self.settings)
+        stored = open_prefix_cache(
+            self.loaded, self.cache, self.prompt, self.context, self.settings
+        )
         self.cached_tokens = stored.restore(self.cache) if stored else 0
         speed = read_speed_key(self.loaded, self.settings)
         if self.settings.summary:
-            summary = reading_summary(self.context, self.prompt, cached_tokens=self.cached_tokens,
-                                      tok_s=known_speed(self.settings.speed_dir, speed))
+            summary = reading_summary(
+                self.context,
+                self.prompt,
+                cached_tokens=self.cached_tokens,
+                tok_s=known_speed(self.settings.speed_dir, speed),
+            )
             print(f"msa: {summary}", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        with reading_progress(len(ids) - self.cache.length, enabled=self.settings.show_progress) as advance:
+        with reading_progress(
+            len(ids) - self.cache.length, enabled=self.settings.show_progress
+        ) as advance:
+
             def chunk_done(n: int) -> None:
                 advance(n)
                 if stored:
                     stored.save(self.cache)
 
             if self.cache.length < len(ids):
-                prefill(self.loaded.model, self.cache, ids[self.cache.length:], progress=chunk_done)
-        self.cache.question_from = len(ids)          # every turn is a question about the documents
+                prefill(
+                    self.loaded.model, self.cache, ids[self.cache.length :], progress=chunk_done
+                )
+        self.cache.question_from = len(ids)  # every turn is a question about the documents
         self.read_s = time.perf_counter() - start
         record_speed(self.settings.speed_dir, speed, len(ids) - self.cached_tokens, self.read_s)
         self.seq = list(ids)
 
     def reset(self) -> None:
         self.cache.truncate(self.context_length)
-        del self.seq[self.context_length:]
+        del self.seq[self.context_length :]
         self.turns.clear()
 
     def ask(self, question: str) -> Iterator[str]:
@@ -85,10 +118,14 @@ class ChatSession(Conversation):
             first = build_prompt(tok, "", question, system=self.settings.system)
             tail, question_at = first.tail, first.question_at
         if self.limit is not None and len(self.seq) + len(tail) >= self.limit:
-            raise InputTooLongError(f"the conversation would be {len(self.seq) + len(tail):,} tokens, more than "
-                                    f"{self.limit:,} with dense attention: /reset to start again")
-        new = self.seq[self.cache.length:] + tail
-        self.tracker.restart(self.cache.length, len(self.seq) + question_at, len(self.seq) + len(tail) - 1)
+            raise InputTooLongError(
+                f"the conversation would be {len(self.seq) + len(tail):,} tokens, more than "
+                f"{self.limit:,} with dense attention: /reset to start again"
+            )
+        new = self.seq[self.cache.length :] + tail
+        self.tracker.restart(
+            self.cache.length, len(self.seq) + question_at, len(self.seq) + len(tail) - 1
+        )
         self.seq += tail
         timings = Timings(prefill_tokens=len(new))
         turn = Turn(question, "", [], timings, stopped=True)
@@ -97,8 +134,16 @@ class ChatSession(Conversation):
             start = time.perf_counter()
             logits = prefill(self.loaded.model, self.cache, new)
             timings.prefill_s = time.perf_counter() - start
-            generation = Generation(self.loaded.model, self.cache, logits, self.sampler, self.settings.max_tokens,
-                                    stop_ids=tok.eos_ids, context_limit=self.limit, timings=timings)
+            generation = Generation(
+                self.loaded.model,
+                self.cache,
+                logits,
+                self.sampler,
+                self.settings.max_tokens,
+                stop_ids=tok.eos_ids,
+                context_limit=self.limit,
+                timings=timings,
+            )
             decoder = tok.stream()
             for token in generation:
                 answer_ids.append(token)
@@ -118,15 +163,23 @@ class ChatSession(Conversation):
         """--verbose: the last answer's figures on stderr."""
         if self.settings.verbose and self.turns:
             figures = answer_figures(self.turns[-1].timings)
-            print(f"msa: {figures}; the conversation is {len(self.seq):,} tokens", file=sys.stderr, flush=True)
+            print(
+                f"msa: {figures}; the conversation is {len(self.seq):,} tokens",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def stats(self) -> str:
-        lines = [f"documents: {len(self.context.files):,} files, {len(self.prompt.document):,} tokens "
-                 f"({self.cached_tokens:,} from the prefix cache)",
-                 f"conversation: {len(self.turns)} turns, {len(self.seq) - self.context_length:,} tokens; "
-                 f"KV cache: {self.cache.length:,} tokens"]
+        lines = [
+            f"documents: {len(self.context.files):,} files, {len(self.prompt.document):,} tokens "
+            f"({self.cached_tokens:,} from the prefix cache)",
+            f"conversation: {len(self.turns)} turns, {len(self.seq) - self.context_length:,} tokens; "
+            f"KV cache: {self.cache.length:,} tokens",
+        ]
         if self.turns:
             t = self.turns[-1].timings
-            lines.append(f"last answer: {t.prefill_tokens:,} tokens read at {t.prefill_tok_s:,.1f} tok/s, "
-                         f"{t.generated_tokens:,} written at {t.decode_tok_s:,.1f} tok/s")
+            lines.append(
+                f"last answer: {t.prefill_tokens:,} tokens read at {t.prefill_tok_s:,.1f} tok/s, "
+                f"{t.generated_tokens:,} written at {t.decode_tok_s:,.1f} tok/s"
+            )
         return "\n".join(lines)

@@ -30,22 +30,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msa_models.errors import InputError
+from msa.models.errors import InputError
 
 from .converters import convert, format_of
 from .documents import read_document
 
-MAX_FILE_BYTES = 4_000_000   # about a million tokens: larger files are skipped from directories
+MAX_FILE_BYTES = 4_000_000  # about a million tokens: larger files are skipped from directories
 _SNIFF = 8192
 _NEVER_READ = {".git"}
 
 
 @dataclass
 class ContextFile:
-    path: str            # as shown in headers and sources ("-" for stdin)
-    start: int           # character offsets of the file's content in the joined text
+    path: str  # as shown in headers and sources ("-" for stdin)
+    start: int  # character offsets of the file's content in the joined text
     end: int
-    sections: list[tuple[int, str]] = field(default_factory=list)   # (offset in the joined text, "page 3")
+    sections: list[tuple[int, str]] = field(
+        default_factory=list
+    )  # (offset in the joined text, "page 3")
     _line_starts: list[int] = field(default_factory=list, repr=False)
 
     def section_at(self, offset: int) -> str | None:
@@ -56,7 +58,9 @@ class ContextFile:
     def line_at(self, text: str, offset: int) -> int:
         """1-based line, within this file, of the character at `offset` of the joined text."""
         if not self._line_starts:
-            self._line_starts = [self.start] + [i + 1 for i in _newlines(text, self.start, self.end)]
+            self._line_starts = [self.start] + [
+                i + 1 for i in _newlines(text, self.start, self.end)
+            ]
         return bisect.bisect_right(self._line_starts, offset)
 
 
@@ -69,11 +73,11 @@ def _newlines(text: str, start: int, end: int):
 
 @dataclass
 class Context:
-    name: str                                  # what the prefix cache records as the source
+    name: str  # what the prefix cache records as the source
     text: str
     files: list[ContextFile]
-    skipped: list[tuple[str, str]] = field(default_factory=list)   # (path, reason)
-    joined: bool = False                       # several files (headers), not one document
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    joined: bool = False  # several files (headers), not one document
 
     def locate(self, start: int, end: int) -> list[tuple[ContextFile, int, int]]:
         """The parts of the character range [start, end) that fall in files: (file, start, end)."""
@@ -89,15 +93,24 @@ def header(path: str) -> str:
     return f"==> {path} <==\n"
 
 
-def read_context(paths: list[str], *, hidden: bool = False, max_file_bytes: int = MAX_FILE_BYTES,
-                 warn: Callable[[str], None] = lambda message: None) -> Context:
+def read_context(
+    paths: list[str],
+    *,
+    hidden: bool = False,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    warn: Callable[[str], None] = lambda message: None,
+) -> Context:
     """Read the files and directories in `paths` (or "-", stdin) into one `Context`."""
     if not paths:
         raise InputError("no document given")
     if len(paths) == 1 and (paths[0] == "-" or not os.path.isdir(paths[0])):
         doc = read_document(paths[0])
-        return Context(name=doc.name, text=doc.text, files=[ContextFile(doc.name, 0, len(doc.text), doc.sections)])
-    entries: list[tuple[str, str, list]] = []       # (shown path, text, sections)
+        return Context(
+            name=doc.name,
+            text=doc.text,
+            files=[ContextFile(doc.name, 0, len(doc.text), doc.sections)],
+        )
+    entries: list[tuple[str, str, list]] = []  # (shown path, text, sections)
     skipped: list[tuple[str, str]] = []
 
     def skip(path: str, reason: str) -> None:
@@ -111,7 +124,7 @@ def read_context(paths: list[str], *, hidden: bool = False, max_file_bytes: int 
                 if read is not None:
                     entries.append((shown, *read))
         else:
-            doc = read_document(arg)     # a file named on the command line must be readable text
+            doc = read_document(arg)  # a file named on the command line must be readable text
             entries.append((doc.name, doc.text, doc.sections))
     if not entries:
         raise InputError(f"{', '.join(paths)}: no text files to read")
@@ -124,9 +137,15 @@ def read_context(paths: list[str], *, hidden: bool = False, max_file_bytes: int 
         body = text if text.endswith("\n") or not text else text + "\n"
         pieces += [head, body]
         start = offset + len(head)
-        files.append(ContextFile(shown, start, start + len(text), [(start + at, label) for at, label in sections]))
+        files.append(
+            ContextFile(
+                shown, start, start + len(text), [(start + at, label) for at, label in sections]
+            )
+        )
         offset += len(head) + len(body)
-    return Context(name=" ".join(paths), text="".join(pieces), files=files, skipped=skipped, joined=True)
+    return Context(
+        name=" ".join(paths), text="".join(pieces), files=files, skipped=skipped, joined=True
+    )
 
 
 def _walk(root: str, *, hidden: bool, skip: Callable[[str, str], None]):
@@ -134,7 +153,7 @@ def _walk(root: str, *, hidden: bool, skip: Callable[[str, str], None]):
     import pathspec
 
     real_root = os.path.realpath(root)
-    rules: dict[str, list] = {}               # folder (relative, "" for root) -> its matchers
+    rules: dict[str, list] = {}  # folder (relative, "" for root) -> its matchers
     exclude = Path(root, ".git", "info", "exclude")
     if exclude.is_file():
         rules[""] = [_spec(exclude, pathspec)]
@@ -149,12 +168,16 @@ def _walk(root: str, *, hidden: bool, skip: Callable[[str, str], None]):
         for d in sorted(dirs):
             rel = os.path.join(rel_folder, d)
             full = os.path.join(folder, d)
-            if d in _NEVER_READ or (d.startswith(".") and not hidden) or _ignored(rules, rel, is_dir=True):
+            if (
+                d in _NEVER_READ
+                or (d.startswith(".") and not hidden)
+                or _ignored(rules, rel, is_dir=True)
+            ):
                 continue
             if os.path.islink(full):
                 if not _inside(os.path.realpath(full), real_root):
                     skip(_shown(root, rel), "a link out of the folder, not followed")
-                continue          # links to folders are never followed (a loop, or files read twice)
+                continue  # links to folders are never followed (a loop, or files read twice)
             kept.append(d)
         dirs[:] = kept
         for name in files:
@@ -208,7 +231,9 @@ def _ignored(rules: dict[str, list], rel: str, *, is_dir: bool) -> bool:
     return verdict
 
 
-def _read_text(full: str, shown: str, max_file_bytes: int, *, skip, warn) -> tuple[str, list] | None:
+def _read_text(
+    full: str, shown: str, max_file_bytes: int, *, skip, warn
+) -> tuple[str, list] | None:
     """(text, sections) of a file met in a directory, or None when it is skipped (with a warning)."""
     kind = format_of(full)
     try:
@@ -228,7 +253,10 @@ def _read_text(full: str, shown: str, max_file_bytes: int, *, skip, warn) -> tup
             skip(shown, str(e).removeprefix(f"{shown}: "))
             return None
         if len(converted.text) > max_file_bytes:
-            skip(shown, f"its text is longer than {max_file_bytes:,} characters ({len(converted.text):,})")
+            skip(
+                shown,
+                f"its text is longer than {max_file_bytes:,} characters ({len(converted.text):,})",
+            )
             return None
         return converted.text, converted.sections
     if b"\x00" in data[:_SNIFF]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msa_models.errors import MsaError
+from msa.models.errors import MsaError
 
 from .context import Context
 from .output import write_stdout
@@ -33,7 +33,7 @@ class Turn:
     question: str
     answer: str
     sources: list
-    timings: Timings | None       # the local engine's figures (None when a server answered)
+    timings: Timings | None  # the local engine's figures (None when a server answered)
     stopped: bool = False
 
 
@@ -67,12 +67,28 @@ class Conversation:
         return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
 
     def markdown(self) -> str:
-        out = ["# msa chat", "", "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files), ""]
+        out = [
+            "# msa chat",
+            "",
+            "Documents: " + ", ".join(f"`{f.path}`" for f in self.context.files),
+            "",
+        ]
         for turn in self.turns:
-            out += [f"**Question:** {turn.question}", "", turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""), ""]
+            out += [
+                f"**Question:** {turn.question}",
+                "",
+                turn.answer.strip() + (" *(stopped)*" if turn.stopped else ""),
+                "",
+            ]
             if turn.sources:
-                out += ["Sources:", ""] + [f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
-                                           for s in turn.sources] + [""]
+                out += (
+                    ["Sources:", ""]
+                    + [
+                        f"- `{s.path}` lines {s.start_line}-{s.end_line} ({s.score:.2f})"
+                        for s in turn.sources
+                    ]
+                    + [""]
+                )
         return "\n".join(out)
 
 
@@ -127,14 +143,18 @@ def run_scripted(session: Conversation, lines) -> None:
             return
 
 
-def run_repl(session: Conversation, history_file: Path, *, terminal_input=None, terminal_output=None) -> None:
+def run_repl(
+    session: Conversation, history_file: Path, *, terminal_input=None, terminal_output=None
+) -> None:
     """A terminal: line editing and history; Ctrl-C stops an answer, Ctrl-D leaves.
     (`terminal_input`/`terminal_output`: prompt_toolkit's, for tests.)"""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
 
     history_file.parent.mkdir(parents=True, exist_ok=True)
-    prompt = PromptSession(history=FileHistory(str(history_file)), input=terminal_input, output=terminal_output)
+    prompt = PromptSession(
+        history=FileHistory(str(history_file)), input=terminal_input, output=terminal_output
+    )
     print("Ask about the documents; /help lists commands, Ctrl-D leaves.", file=sys.stderr)
     while True:
         try:

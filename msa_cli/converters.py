@@ -17,27 +17,57 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msa_models.errors import InputError
+from msa.models.errors import InputError
 
 FORMATS = {".pdf": "PDF", ".epub": "EPUB", ".html": "HTML", ".htm": "HTML", ".xhtml": "HTML"}
 INSTALL_HINT = "pip install 'msa[docs]'"
 
 # Tags that start a new line of text; the rest (inline) run into their neighbours.
-_BLOCK_TAGS = ["address", "article", "aside", "blockquote", "dd", "div", "dl", "dt", "figcaption", "figure",
-               "footer", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "nav", "ol", "p", "pre",
-               "section", "table", "tr", "ul"]
+_BLOCK_TAGS = [
+    "address",
+    "article",
+    "aside",
+    "blockquote",
+    "dd",
+    "div",
+    "dl",
+    "dt",
+    "figcaption",
+    "figure",
+    "footer",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "header",
+    "hr",
+    "li",
+    "main",
+    "nav",
+    "ol",
+    "p",
+    "pre",
+    "section",
+    "table",
+    "tr",
+    "ul",
+]
 _INVISIBLE_TAGS = ["script", "style", "noscript", "template", "head", "svg"]
-_SECTION_MARK = "\ue000"   # brackets a heading's text until the text is laid out (a private-use character)
+_SECTION_MARK = (
+    "\ue000"  # brackets a heading's text until the text is laid out (a private-use character)
+)
 
 
 @dataclass
 class Converted:
     text: str
-    sections: list[tuple[int, str]] = field(default_factory=list)    # (character offset, "page 3")
+    sections: list[tuple[int, str]] = field(default_factory=list)  # (character offset, "page 3")
 
 
 def format_of(path: str) -> str | None:
-    """"PDF", "EPUB" or "HTML" for a path these converters read, else None."""
+    """ "PDF", "EPUB" or "HTML" for a path these converters read, else None."""
     return FORMATS.get(Path(path).suffix.lower())
 
 
@@ -52,8 +82,10 @@ def convert(path: str, data: bytes) -> Converted:
         if kind == "HTML":
             return _html(path, data)
     except ImportError as e:
-        raise InputError(f"{path}: a {kind} document; reading it needs the docs extra: {INSTALL_HINT} "
-                         f"({e.name or 'a library'} is missing)") from None
+        raise InputError(
+            f"{path}: a {kind} document; reading it needs the docs extra: {INSTALL_HINT} "
+            f"({e.name or 'a library'} is missing)"
+        ) from None
     raise InputError(f"{path}: not a PDF, EPUB or HTML document")
 
 
@@ -68,7 +100,7 @@ class _Builder:
 
     def section(self, label: str, marker: str) -> None:
         if self.parts:
-            self.add("\n", text=False)        # a blank line between pages or chapters
+            self.add("\n", text=False)  # a blank line between pages or chapters
         self.sections.append((self.length, label))
         self.add(marker + "\n", text=False)
 
@@ -79,7 +111,9 @@ class _Builder:
 
     def result(self, path: str) -> Converted:
         if not self.has_text:
-            raise InputError(f"{path}: holds no text (a scanned document? msa reads text, not images)")
+            raise InputError(
+                f"{path}: holds no text (a scanned document? msa reads text, not images)"
+            )
         return Converted("".join(self.parts), self.sections)
 
 
@@ -119,7 +153,11 @@ def _epub(path: str, data: bytes) -> Converted:
     chapter = 0
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
-        if item is None or isinstance(item, epub.EpubNav) or item.get_type() != ebooklib.ITEM_DOCUMENT:
+        if (
+            item is None
+            or isinstance(item, epub.EpubNav)
+            or item.get_type() != ebooklib.ITEM_DOCUMENT
+        ):
             continue
         body = _html_text(item.get_content()).text
         if not body.strip():
@@ -135,7 +173,7 @@ def _epub(path: str, data: bytes) -> Converted:
 def _toc_titles(toc):
     """(file name, title) of every entry of an EPUB's table of contents, nested ones too."""
     for entry in toc:
-        if isinstance(entry, tuple):          # (Section, [children])
+        if isinstance(entry, tuple):  # (Section, [children])
             section, children = entry
             if getattr(section, "href", None):
                 yield section.href.split("#")[0], section.title
@@ -168,7 +206,7 @@ def _html_text(data: bytes) -> Converted:
         tag.insert_before("\n")
         tag.insert_after("\n")
     out = _Builder()
-    blank = True                              # the last line written was blank (or nothing yet)
+    blank = True  # the last line written was blank (or nothing yet)
     for raw in soup.get_text().splitlines():
         line = " ".join(raw.split())
         if line.startswith(_SECTION_MARK) and line.endswith(_SECTION_MARK) and len(line) > 2:

@@ -10,7 +10,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
-from msa_models.errors import InputError
+from msa.models.errors import InputError
 
 from .converters import convert, format_of
 
@@ -19,9 +19,11 @@ _SNIFF = 8192
 
 @dataclass
 class Document:
-    name: str   # the path as given, or "-" for stdin
+    name: str  # the path as given, or "-" for stdin
     text: str
-    sections: list[tuple[int, str]] = field(default_factory=list)   # (offset, "page 3") of a PDF, EPUB, HTML
+    sections: list[tuple[int, str]] = field(
+        default_factory=list
+    )  # (offset, "page 3") of a PDF, EPUB, HTML
 
 
 def _decode(data: bytes, name: str) -> str:
@@ -39,7 +41,9 @@ def _decode(data: bytes, name: str) -> str:
 def read_document(path: str) -> Document:
     if path == "-":
         if sys.stdin is None or sys.stdin.isatty():
-            raise InputError("-: expected a document on stdin (pipe one in, e.g. `cat file | msa ask - ...`)")
+            raise InputError(
+                "-: expected a document on stdin (pipe one in, e.g. `cat file | msa ask - ...`)"
+            )
         return Document("-", _decode(sys.stdin.buffer.read(), "stdin"))
     try:
         mode = os.stat(path).st_mode

@@ -13,7 +13,7 @@ import sys
 import typer
 import typer.exceptions
 
-from msa_models.errors import MsaError
+from msa.models.errors import MsaError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
@@ -33,7 +33,12 @@ def reports_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.exceptions.TyperException, SystemExit):  # usage errors: exit 2
+        except (
+            typer.Exit,
+            typer.Abort,
+            typer.exceptions.TyperException,
+            SystemExit,
+        ):  # usage errors: exit 2
             raise
         except MsaError as e:
             _say(str(e))

@@ -16,11 +16,13 @@ from .generate import Generation, prefill
 from .prompt import build_prompt
 from .sampling import Sampler
 
-INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-         "Find it and memorize it.\n")
+INTRO = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. "
+    "Find it and memorize it.\n"
+)
 FILLER = "The river runs east. The hills are quiet. A bird sings at dawn. The road goes on and on. "
 QUESTION = "What is the pass key? Answer with the number only."
-ANSWER_TOKENS = 16      # "The pass key is 81874." and some room
+ANSWER_TOKENS = 16  # "The pass key is 81874." and some room
 
 
 def passkey_document(tokenizer, n_tokens: int, depth: float, key: int) -> str:
@@ -36,8 +38,9 @@ def depths(n: int) -> list[float]:
     return [(i + 0.5) / n for i in range(n)]
 
 
-def run_passkey(loaded, lengths: list[int], n_depths: int, attentions: list, *, dense_limit: int,
-                on_result=None) -> list[dict]:
+def run_passkey(
+    loaded, lengths: list[int], n_depths: int, attentions: list, *, dense_limit: int, on_result=None
+) -> list[dict]:
     """One row per (length, attention): accuracy and each depth's answer.
 
     `attentions` holds (label, AttentionSettings); dense runs only up to `dense_limit` tokens.
@@ -53,18 +56,39 @@ def run_passkey(loaded, lengths: list[int], n_depths: int, attentions: list, *, 
             for i, depth in enumerate(depths(n_depths)):
                 key = random.Random(length * 1000 + i).randint(10000, 99999)
                 prompt = build_prompt(tok, passkey_document(tok, length, depth, key), QUESTION)
-                cache = loaded.model.new_cache(capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings)
-                prefill(loaded.model, cache, prompt.ids[:prompt.context_length])
+                cache = loaded.model.new_cache(
+                    capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings
+                )
+                prefill(loaded.model, cache, prompt.ids[: prompt.context_length])
                 cache.question_from = prompt.context_length
                 logits = prefill(loaded.model, cache, prompt.tail)
-                answer = tok.decode(list(Generation(loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS,
-                                                    tok.eos_ids)))
-                results.append({"depth": round(depth, 3), "key": key, "answer": answer.strip(),
-                                "found": str(key) in answer})
+                answer = tok.decode(
+                    list(
+                        Generation(
+                            loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS, tok.eos_ids
+                        )
+                    )
+                )
+                results.append(
+                    {
+                        "depth": round(depth, 3),
+                        "key": key,
+                        "answer": answer.strip(),
+                        "found": str(key) in answer,
+                    }
+                )
                 if on_result:
                     on_result(length, label, results[-1])
             correct = sum(r["found"] for r in results)
-            rows.append({"length": length, "attention": label, "accuracy": round(correct / len(results), 3),
-                         "correct": correct, "total": len(results), "seconds": round(time.perf_counter() - start, 1),
-                         "results": results})
+            rows.append(
+                {
+                    "length": length,
+                    "attention": label,
+                    "accuracy": round(correct / len(results), 3),
+                    "correct": correct,
+                    "total": len(results),
+                    "seconds": round(time.perf_counter() - start, 1),
+                    "results": results,
+                }
+            )
     return rows

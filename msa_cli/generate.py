@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from msa_models.kv_cache import KVCache
-from msa_models.llama import Transformer
+from msa.models.kv_cache import KVCache
+from msa.models.llama import Transformer
 
 PREFILL_CHUNK = 512
 
@@ -20,7 +20,7 @@ class Timings:
     prefill_s: float = 0.0
     generated_tokens: int = 0
     decode_s: float = 0.0
-    first_token_at: float | None = None    # time.time() when the first answer token was ready
+    first_token_at: float | None = None  # time.time() when the first answer token was ready
     finish_reason: str = ""
 
     @property
@@ -34,13 +34,19 @@ class Timings:
         return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
 
 
-def prefill(model: Transformer, cache: KVCache, ids: list[int], *, chunk: int = PREFILL_CHUNK,
-            progress: Callable[[int], None] | None = None) -> torch.Tensor:
+def prefill(
+    model: Transformer,
+    cache: KVCache,
+    ids: list[int],
+    *,
+    chunk: int = PREFILL_CHUNK,
+    progress: Callable[[int], None] | None = None,
+) -> torch.Tensor:
     """Append `ids` to `cache` in chunks; return the last token's logits [vocab]."""
     cache.reserve(cache.length + len(ids))
     logits = None
     for start in range(0, len(ids), chunk):
-        piece = ids[start:start + chunk]
+        piece = ids[start : start + chunk]
         logits = model(torch.tensor(piece, dtype=torch.long), cache)
         if progress:
             progress(len(piece))

@@ -15,13 +15,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from msa_models.errors import ModelError
+from msa.models.errors import ModelError
 
 
 @dataclass
 class Removed:
     path: Path
-    what: str          # "hub download" or "converted copy"
+    what: str  # "hub download" or "converted copy"
     size_bytes: int
 
 
@@ -31,7 +31,7 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def _hub_id(name: str) -> str | None:
-    from msa_models.registry import KNOWN_MODELS
+    from msa.models.registry import KNOWN_MODELS
 
     if name in KNOWN_MODELS:
         model = KNOWN_MODELS[name]
@@ -42,7 +42,7 @@ def _hub_id(name: str) -> str | None:
 
 def _gguf_source(name: str) -> Path | None:
     """The GGUF file whose converted copies NAME means, if any."""
-    from msa_models.registry import KNOWN_MODELS, packaged_file
+    from msa.models.registry import KNOWN_MODELS, packaged_file
 
     if name in KNOWN_MODELS and KNOWN_MODELS[name].package:
         try:
@@ -67,7 +67,7 @@ def _converted_copies(converted_root: Path, source: Path) -> list[Path]:
 
 def remove_model(name: str, converted_root: Path) -> list[Removed]:
     """Delete what NAME has on disk; ModelError if NAME is unknown or has nothing installed."""
-    from msa_models.registry import KNOWN_MODELS, hub_cache_root, hub_repo_folder
+    from msa.models.registry import KNOWN_MODELS, hub_cache_root, hub_repo_folder
 
     targets: list[tuple[Path, str]] = []
     hub_id = _hub_id(name)
@@ -75,22 +75,30 @@ def remove_model(name: str, converted_root: Path) -> list[Removed]:
         targets.append((hub_repo_folder(hub_id), "hub download"))
     source = _gguf_source(name)
     if source is not None and converted_root.is_dir():
-        targets += [(folder, "converted copy") for folder in _converted_copies(converted_root, source)]
+        targets += [
+            (folder, "converted copy") for folder in _converted_copies(converted_root, source)
+        ]
     if not targets:
         known = name in KNOWN_MODELS or hub_id is not None or source is not None
         if not known:
-            raise ModelError(f"unknown model {name!r} (see `msa models`; or a hub id owner/name, or a .gguf file)")
+            raise ModelError(
+                f"unknown model {name!r} (see `msa models`; or a hub id owner/name, or a .gguf file)"
+            )
         hint = ""
         if name in KNOWN_MODELS and KNOWN_MODELS[name].package:
             hint = f"; its file ships in the package {KNOWN_MODELS[name].package} (pip uninstall it to remove it)"
-        raise ModelError(f"model {name} is not installed: nothing pulled or converted to remove{hint}")
+        raise ModelError(
+            f"model {name} is not installed: nothing pulled or converted to remove{hint}"
+        )
     removed = []
     for folder, what in targets:
         size = _folder_bytes(folder)
         _delete(folder)
         removed.append(Removed(folder, what, size))
     if hub_id:
-        shutil.rmtree(hub_cache_root() / ".locks" / hub_repo_folder(hub_id).name, ignore_errors=True)
+        shutil.rmtree(
+            hub_cache_root() / ".locks" / hub_repo_folder(hub_id).name, ignore_errors=True
+        )
     return removed
 
 

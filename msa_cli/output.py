@@ -8,8 +8,16 @@ import threading
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn,
-                           TimeRemainingColumn, TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    ProgressColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.text import Text
 
 
@@ -30,9 +38,14 @@ def reading_progress(total_tokens: int, *, enabled: bool, label: str = "reading"
         yield lambda n: None
         return
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-        TextColumn("{task.completed:,}/{task.total:,} tokens"), _TokensPerSecond(), TimeRemainingColumn(),
-        console=stderr_console(), transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} tokens"),
+        _TokensPerSecond(),
+        TimeRemainingColumn(),
+        console=stderr_console(),
+        transient=True,
     )
     with progress:
         task = progress.add_task(label, total=total_tokens)
@@ -60,8 +73,15 @@ def download_progress(folder: Path, total_bytes: int, *, enabled: bool, label: s
                     size += p.stat().st_size
         return size
 
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=stderr_console(), transient=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=stderr_console(),
+        transient=True,
+    )
     with progress:
         task = progress.add_task(label, total=total_bytes)
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from msa_models.errors import InputError, ModelError
-from msa_models.tokenizer import TextTokenizer
+from msa.models.errors import InputError, ModelError
+from msa.models.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from .prefix_cache.tokens import TokenMemo
@@ -28,12 +28,14 @@ _BEFORE_DOCUMENT, _BETWEEN = _USER_MESSAGE.removesuffix("{question}").split("{do
 
 @dataclass
 class Prompt:
-    head: list[int]       # template text before the document (system prompt, user turn start)
+    head: list[int]  # template text before the document (system prompt, user turn start)
     document: list[int]
-    tail: list[int]       # the question and the start of the assistant's turn
+    tail: list[int]  # the question and the start of the assistant's turn
     # (start, end) character offsets in the document text of each document token, for sources
     document_offsets: Sequence[tuple[int, int]] = field(default_factory=list, repr=False)
-    question_at: int = 0  # tail[:question_at] is template text before the question (sources' baseline)
+    question_at: int = (
+        0  # tail[:question_at] is template text before the question (sources' baseline)
+    )
 
     @property
     def ids(self) -> list[int]:
@@ -54,12 +56,18 @@ def split_user_message(content: str) -> tuple[str, str] | None:
     """(document, question) of a message `user_message` made; None for any other text."""
     if not content.startswith(_BEFORE_DOCUMENT):
         return None
-    document, between, question = content[len(_BEFORE_DOCUMENT):].rpartition(_BETWEEN)
+    document, between, question = content[len(_BEFORE_DOCUMENT) :].rpartition(_BETWEEN)
     return (document, question) if between else None
 
 
-def build_prompt(tokenizer: TextTokenizer, document: str, question: str, *,
-                 system: str | None = None, token_memo: TokenMemo | None = None) -> Prompt:
+def build_prompt(
+    tokenizer: TextTokenizer,
+    document: str,
+    question: str,
+    *,
+    system: str | None = None,
+    token_memo: TokenMemo | None = None,
+) -> Prompt:
     """The prompt asking `question` about `document`; its ids come from `token_memo` (the prefix
     cache's) when it remembers them."""
     messages = [{"role": "system", "content": system}] if system else []
@@ -92,14 +100,19 @@ def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prom
     return _around_document(tokenizer, messages, document, question)
 
 
-def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: str, question: str,
-                     token_memo: TokenMemo | None = None) -> Prompt:
+def _around_document(
+    tokenizer: TextTokenizer,
+    messages: list[dict],
+    document: str,
+    question: str,
+    token_memo: TokenMemo | None = None,
+) -> Prompt:
     """Render `messages` (one of which holds the document slot) and tokenize the document on its own."""
     text = tokenizer.template.render(messages, add_generation_prompt=True)
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")
     head, tail = text.split(_DOCUMENT_SLOT)
-    encoding = None                 # stays None when the token memo knew the ids
+    encoding = None  # stays None when the token memo knew the ids
 
     def tokenize(text: str) -> list[int]:
         nonlocal encoding
@@ -109,8 +122,13 @@ def _around_document(tokenizer: TextTokenizer, messages: list[dict], document: s
     ids = token_memo.ids(document, tokenize)[0] if token_memo is not None else tokenize(document)
     offsets = _OffsetsOnDemand(tokenizer, document) if encoding is None else list(encoding.offsets)
     tail_ids = tokenizer.encode(tail)
-    return Prompt(tokenizer.encode(head), ids, tail_ids, document_offsets=offsets,
-                  question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids))
+    return Prompt(
+        tokenizer.encode(head),
+        ids,
+        tail_ids,
+        document_offsets=offsets,
+        question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids),
+    )
 
 
 class _OffsetsOnDemand(Sequence):
@@ -122,7 +140,9 @@ class _OffsetsOnDemand(Sequence):
 
     def _all(self) -> list[tuple[int, int]]:
         if self._offsets is None:
-            self._offsets = list(self._tokenizer.tokenizer.encode(self._document, add_special_tokens=False).offsets)
+            self._offsets = list(
+                self._tokenizer.tokenizer.encode(self._document, add_special_tokens=False).offsets
+            )
         return self._offsets
 
     def __getitem__(self, i):
@@ -138,16 +158,21 @@ def _tokens_before(tokenizer: TextTokenizer, text: str, question: str, ids: list
     if at <= 0:
         return 0
     before = tokenizer.encode(text[:at].rstrip())
-    return len(before) if ids[:len(before)] == before else 0
+    return len(before) if ids[: len(before)] == before else 0
 
 
-def next_turn(tokenizer: TextTokenizer, question: str, *, system: str | None = None) -> tuple[list[int], int]:
+def next_turn(
+    tokenizer: TextTokenizer, question: str, *, system: str | None = None
+) -> tuple[list[int], int]:
     """Token ids that close the assistant's answer and ask `question` in a new user turn (a
     chat's turns after the first): the template's own text between an answer and the next one;
     and how many of them come before the question."""
     messages = [{"role": "system", "content": system}] if system else []
-    messages += [{"role": "user", "content": "..."}, {"role": "assistant", "content": _ANSWER_SLOT},
-                 {"role": "user", "content": question.strip()}]
+    messages += [
+        {"role": "user", "content": "..."},
+        {"role": "assistant", "content": _ANSWER_SLOT},
+        {"role": "user", "content": question.strip()},
+    ]
     text = tokenizer.template.render(messages, add_generation_prompt=True)
     if text.count(_ANSWER_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the assistant's message intact")

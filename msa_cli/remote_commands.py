@@ -27,20 +27,35 @@ class Sampling:
     system: str | None
 
     def request(self) -> dict:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed}
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
 
 
-def ask_remote(server: Server, model: str, context: Context, question: str, sampling: Sampling, *,
-               json_out: bool, started_at: float) -> None:
+def ask_remote(
+    server: Server,
+    model: str,
+    context: Context,
+    question: str,
+    sampling: Sampling,
+    *,
+    json_out: bool,
+    started_at: float,
+) -> None:
     """Stream the server's answer to stdout, or print one JSON object at the end."""
-    answer, pieces = server.stream_chat(first_messages(sampling, context, question), model=model,
-                                        **sampling.request())
+    answer, pieces = server.stream_chat(
+        first_messages(sampling, context, question), model=model, **sampling.request()
+    )
     for piece in pieces:
         if not json_out:
             write_stdout(piece)
     if json_out:
-        print(json.dumps(answer.as_json(server=server.url, started_at=started_at), ensure_ascii=False))
+        print(
+            json.dumps(answer.as_json(server=server.url, started_at=started_at), ensure_ascii=False)
+        )
     else:
         write_stdout("\n")
 
@@ -64,7 +79,9 @@ class RemoteChatSession(Conversation):
             messages = self.messages + [{"role": "user", "content": question.strip()}]
         else:
             messages = first_messages(self.sampling, self.context, question)
-        answer, pieces = self.server.stream_chat(messages, model=self.model, **self.sampling.request())
+        answer, pieces = self.server.stream_chat(
+            messages, model=self.model, **self.sampling.request()
+        )
         turn = Turn(question, "", [], None, stopped=True)
         try:
             for piece in pieces:
@@ -72,7 +89,7 @@ class RemoteChatSession(Conversation):
                 yield piece
             turn.stopped = False
         finally:
-            if turn.answer or not turn.stopped:    # an answer that never began leaves no turn
+            if turn.answer or not turn.stopped:  # an answer that never began leaves no turn
                 self.messages = messages + [{"role": "assistant", "content": turn.answer}]
                 self.turns.append(turn)
                 self.last = answer
@@ -81,12 +98,20 @@ class RemoteChatSession(Conversation):
         return LOCAL_ONLY_SOURCES
 
     def stats(self) -> str:
-        lines = [f"documents: {len(self.context.files):,} files, answered by {self.model} at {self.server.url}",
-                 f"conversation: {len(self.turns)} turns"]
+        lines = [
+            f"documents: {len(self.context.files):,} files, answered by {self.model} at {self.server.url}",
+            f"conversation: {len(self.turns)} turns",
+        ]
         a = self.last
         if a is not None and a.prompt_tokens is not None:
-            cached = "" if a.cached_tokens is None else f" ({a.cached_tokens:,} from the server's prefix cache)"
-            lines.append(f"last answer: {a.prompt_tokens:,} prompt tokens{cached}, {a.generated_tokens or 0:,} written")
+            cached = (
+                ""
+                if a.cached_tokens is None
+                else f" ({a.cached_tokens:,} from the server's prefix cache)"
+            )
+            lines.append(
+                f"last answer: {a.prompt_tokens:,} prompt tokens{cached}, {a.generated_tokens or 0:,} written"
+            )
         return "\n".join(lines)
 
 

@@ -43,12 +43,18 @@ def stderr_note(message: str) -> None:
     print(f"msa: {message}", file=sys.stderr, flush=True)
 
 
-def load(model: str, *, cache: str | None = None, quant: str | None = None, dtype: str = "fp32",
-         note=stderr_note):
+def load(
+    model: str,
+    *,
+    cache: str | None = None,
+    quant: str | None = None,
+    dtype: str = "fp32",
+    note=stderr_note,
+):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
-    from msa_models import load_model
-    from msa_models.fused_decode import prepare
+    from msa.models import load_model
+    from msa.models.fused_decode import prepare
 
     from .paths import quantized_models_dir
 
@@ -56,11 +62,24 @@ def load(model: str, *, cache: str | None = None, quant: str | None = None, dtyp
     key = (model, quant, dtype)
     if key not in _loaded:
         root = _writable_or_none(converted_models_dir(cache_dir(cache)))
-        loaded = load_model(model, converted_root=root, quant=quant, dtype=dtype, quantized_root=quantized_models_dir())
+        loaded = load_model(
+            model,
+            converted_root=root,
+            quant=quant,
+            dtype=dtype,
+            quantized_root=quantized_models_dir(),
+        )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says
-        loaded.per_op_reason = prepare(loaded.model, on_build=note and (lambda: note(
-            "building the fused CPU decode step for this machine (once, under a minute)")))
+        loaded.per_op_reason = prepare(
+            loaded.model,
+            on_build=note
+            and (
+                lambda: note(
+                    "building the fused CPU decode step for this machine (once, under a minute)"
+                )
+            ),
+        )
         _loaded[key] = loaded
     return _loaded[key], time.perf_counter() - start
 

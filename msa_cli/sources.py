@@ -39,20 +39,30 @@ class Source:
     end_line: int
     score: float
     text: str
-    section: str | None = None     # the page or chapter of a PDF, EPUB or HTML document
+    section: str | None = None  # the page or chapter of a PDF, EPUB or HTML document
 
     def as_json(self) -> dict:
         extra = {} if self.section is None else {"section": self.section}
-        return {"path": self.path, "start_line": self.start_line, "end_line": self.end_line,
-                "score": round(self.score, 4), "text": self.text, **extra}
+        return {
+            "path": self.path,
+            "start_line": self.start_line,
+            "end_line": self.end_line,
+            "score": round(self.score, 4),
+            "text": self.text,
+            **extra,
+        }
 
     def line(self) -> str:
         """`path:12-18  0.31  excerpt...` (`path:12-18 (page 3)  ...` in a PDF), one line for a terminal."""
-        lines = f"{self.start_line}" if self.start_line == self.end_line else f"{self.start_line}-{self.end_line}"
+        lines = (
+            f"{self.start_line}"
+            if self.start_line == self.end_line
+            else f"{self.start_line}-{self.end_line}"
+        )
         where = f" ({self.section})" if self.section else ""
         excerpt = " ".join(self.text.split())
         if len(excerpt) > EXCERPT_CHARS:
-            excerpt = excerpt[:EXCERPT_CHARS - 3] + "..."
+            excerpt = excerpt[: EXCERPT_CHARS - 3] + "..."
         return f"{self.path}:{lines}{where}  {self.score:.2f}  {excerpt}"
 
 
@@ -62,18 +72,18 @@ class SourceTracker:
     def __init__(self, cache, *, doc_start: int, doc_end: int):
         self.cache = cache
         self.block_size = cache.block_size
-        self.doc_start, self.doc_end = doc_start, doc_end     # token range of the documents
+        self.doc_start, self.doc_end = doc_start, doc_end  # token range of the documents
         self.n_blocks = -(-doc_end // self.block_size)
         self.restart(sys.maxsize, sys.maxsize, -1)
 
     def restart(self, baseline_from: int, question_from: int, until: int) -> None:
         """Baseline queries at positions [baseline_from, question_from), the question's up to `until`."""
         self.baseline_from, self.question_from, self.until = baseline_from, question_from, until
-        self._sums = {"base": {}, "question": {}}          # layer -> [Hq, n_blocks], summed over queries
+        self._sums = {"base": {}, "question": {}}  # layer -> [Hq, n_blocks], summed over queries
         self._counts = {"base": {}, "question": {}}
 
     def __call__(self, layer: int, q: torch.Tensor, q_start: int) -> None:
-        lo = max(self.baseline_from - q_start, 0)                      # q: [Hq, T, D]
+        lo = max(self.baseline_from - q_start, 0)  # q: [Hq, T, D]
         hi = min(self.until + 1 - q_start, q.shape[1])
         if lo >= hi:
             return
@@ -83,10 +93,12 @@ class SourceTracker:
         pad = self.n_blocks * self.block_size - self.doc_end
         for t in range(lo, hi):
             pos = q_start + t
-            qt = q[:, t].float().view(hkv, -1, d)                       # [Hkv, G, D]
-            att = torch.softmax((qt @ keys[:, :pos + 1].float().mT) * d ** -0.5, dim=-1)  # [Hkv, G, pos+1]
-            mass = torch.nn.functional.pad(att[..., :self.doc_end], (0, pad))
-            mass = mass.reshape(-1, self.n_blocks, self.block_size).sum(-1)            # [Hq, n_blocks]
+            qt = q[:, t].float().view(hkv, -1, d)  # [Hkv, G, D]
+            att = torch.softmax(
+                (qt @ keys[:, : pos + 1].float().mT) * d**-0.5, dim=-1
+            )  # [Hkv, G, pos+1]
+            mass = torch.nn.functional.pad(att[..., : self.doc_end], (0, pad))
+            mass = mass.reshape(-1, self.n_blocks, self.block_size).sum(-1)  # [Hq, n_blocks]
             kind = "base" if pos < self.question_from else "question"
             self._sums[kind][layer] = self._sums[kind].get(layer, 0) + mass
             self._counts[kind][layer] = self._counts[kind].get(layer, 0) + 1
@@ -101,7 +113,7 @@ class SourceTracker:
             w += mean.clamp_min(0).sum(0)
         first_doc_block = self.doc_start // self.block_size
         if self.n_blocks - first_doc_block > 1:
-            w[: max(first_doc_block + 1, 1)] = 0             # the sink, read by every query
+            w[: max(first_doc_block + 1, 1)] = 0  # the sink, read by every query
         w[:first_doc_block] = 0
         return w
 
@@ -119,20 +131,35 @@ class SourceTracker:
         return found[:limit]
 
 
-def _block_sources(block: int, score: float, block_size: int, prompt: Prompt, context: Context) -> list[Source]:
+def _block_sources(
+    block: int, score: float, block_size: int, prompt: Prompt, context: Context
+) -> list[Source]:
     head = len(prompt.head)
-    first = max(block * block_size, head) - head                    # document token indices
+    first = max(block * block_size, head) - head  # document token indices
     last = min((block + 1) * block_size, head + len(prompt.document)) - head
     if first >= last:
         return []
     start, end = prompt.document_offsets[first][0], prompt.document_offsets[last - 1][1]
     spans = []
     for f, file_lo, file_hi in context.locate(start, end):
-        cuts = [at for at, _ in f.sections if file_lo < at < file_hi]     # pages or chapters that start inside
+        cuts = [
+            at for at, _ in f.sections if file_lo < at < file_hi
+        ]  # pages or chapters that start inside
         for lo, hi in zip([file_lo, *cuts], [*cuts, file_hi]):
             text = context.text[lo:hi]
-            if text.strip():        # the lines of the part's first and last visible characters
-                spans.append((f, lo + len(text) - len(text.lstrip()), hi - (len(text) - len(text.rstrip()))))
+            if text.strip():  # the lines of the part's first and last visible characters
+                spans.append(
+                    (f, lo + len(text) - len(text.lstrip()), hi - (len(text) - len(text.rstrip())))
+                )
     chars = sum(hi - lo for _, lo, hi in spans)
-    return [Source(f.path, f.line_at(context.text, lo), f.line_at(context.text, hi - 1),
-                   score * (hi - lo) / chars, context.text[lo:hi], f.section_at(lo)) for f, lo, hi in spans]
+    return [
+        Source(
+            f.path,
+            f.line_at(context.text, lo),
+            f.line_at(context.text, hi - 1),
+            score * (hi - lo) / chars,
+            context.text[lo:hi],
+            f.section_at(lo),
+        )
+        for f, lo, hi in spans
+    ]

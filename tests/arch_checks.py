@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from conftest import assert_close
 from tiny_checkpoints import CHAT_TEMPLATE, SPECIALS, tiny_vocab
 
@@ -19,14 +18,20 @@ def tiny_tokenizer_json() -> str:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokens, merges = tiny_vocab()
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split()) for m in merges]))
+    tok = Tokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split()) for m in merges]
+        )
+    )
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
     return tok.to_str()
 
 
-def randomize(model: torch.nn.Module, seed: int = 0, *, norm_mean: float = 1.0, std: float = 0.1) -> None:
+def randomize(
+    model: torch.nn.Module, seed: int = 0, *, norm_mean: float = 1.0, std: float = 0.1
+) -> None:
     """Weights of spread `std` (the init's 0.02 leaves logits flat and any bug invisible); norms
     around `norm_mean` (1 for Llama-style, 0 for Gemma-style weight+1); router biases too."""
     g = torch.Generator().manual_seed(seed)
@@ -42,7 +47,9 @@ def save_hf_dir(hf_model, folder: Path) -> Path:
     """`save_pretrained` plus a tokenizer, as a model directory on disk looks."""
     hf_model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(tiny_tokenizer_json())
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"})
+    )
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     return folder
 
@@ -52,8 +59,16 @@ def reference_logits(hf_model, ids: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([ids])).logits[0].float()
 
 
-def check_prompt_and_decode(model, ids: list[int], expected: torch.Tensor, *, n_prefill: int, atol: float,
-                            what: str, settings=None) -> None:
+def check_prompt_and_decode(
+    model,
+    ids: list[int],
+    expected: torch.Tensor,
+    *,
+    n_prefill: int,
+    atol: float,
+    what: str,
+    settings=None,
+) -> None:
     """Our logits for the whole prompt, then prefill `n_prefill` tokens and decode the rest one
     at a time through the cache: every position must match transformers' full forward."""
     got = model(torch.tensor(ids), model.new_cache(settings=settings), all_logits=True)

@@ -25,8 +25,12 @@ def converted_models(tmp_path_factory) -> Path:
 def isolated_home(tmp_path, monkeypatch, converted_models):
     """Every test gets its own home and XDG directories; converted model copies are shared."""
     home = tmp_path / "home"
-    for var, sub in [("HOME", ""), ("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
-                     ("XDG_CONFIG_HOME", ".config")]:
+    for var, sub in [
+        ("HOME", ""),
+        ("XDG_CACHE_HOME", ".cache"),
+        ("XDG_DATA_HOME", ".local/share"),
+        ("XDG_CONFIG_HOME", ".config"),
+    ]:
         (home / sub).mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(var, str(home / sub))
     for var in list(os.environ):
@@ -41,7 +45,7 @@ def isolated_home(tmp_path, monkeypatch, converted_models):
 def embedded(converted_models):
     """The real embedded model as msa runs it by default (its Q4_1 weights in int4), loaded once;
     CLI commands in this process reuse it."""
-    from msa_cli import runtime
+    from msa import runtime
 
     loaded, _ = runtime.load(EMBEDDED, cache=str(converted_models.parent))
     torch.set_num_threads(os.cpu_count() or 1)
@@ -52,7 +56,7 @@ def embedded(converted_models):
 def embedded_fp32(converted_models):
     """The embedded model with its weights dequantized to fp32 (`--quant none`), as transformers
     computes it."""
-    from msa_cli import runtime
+    from msa import runtime
 
     loaded, _ = runtime.load(EMBEDDED, cache=str(converted_models.parent), quant="none")
     return loaded
@@ -60,7 +64,7 @@ def embedded_fp32(converted_models):
 
 @pytest.fixture(scope="session")
 def embedded_gguf() -> Path:
-    from msa_models.registry import KNOWN_MODELS, packaged_file
+    from msa.models.registry import KNOWN_MODELS, packaged_file
 
     return packaged_file(KNOWN_MODELS[EMBEDDED])
 
@@ -72,15 +76,21 @@ def hf_reference(embedded_gguf):
     pytest.importorskip("accelerate")
     folder, name = str(embedded_gguf.parent), embedded_gguf.name
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32
+    )
     return model.eval(), tokenizer
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0, what: str = ""):
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0, what: str = ""
+):
     """Like torch.testing.assert_close, but reports max abs/rel error and fails on NaN."""
     actual, expected = actual.float(), expected.float()
     assert not torch.isnan(actual).any(), f"{what}: NaN in result"
     diff = (actual - expected).abs()
     rel = diff / expected.abs().clamp_min(1e-12)
     ok = (diff <= atol + rtol * expected.abs()).all()
-    assert ok, f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} (atol {atol}, rtol {rtol})"
+    assert ok, (
+        f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} (atol {atol}, rtol {rtol})"
+    )

@@ -44,9 +44,15 @@ class Request:
 class FakeHub:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     log: list[Request] = field(default_factory=list)
-    cut: dict[str, int] = field(default_factory=dict)    # file -> bytes sent before the next full GET is cut
-    stall: dict[str, int] = field(default_factory=dict)  # file -> bytes sent before its GETs hang until `release`
-    stalled: threading.Event = field(default_factory=threading.Event)   # set once a stalled GET hangs
+    cut: dict[str, int] = field(
+        default_factory=dict
+    )  # file -> bytes sent before the next full GET is cut
+    stall: dict[str, int] = field(
+        default_factory=dict
+    )  # file -> bytes sent before its GETs hang until `release`
+    stalled: threading.Event = field(
+        default_factory=threading.Event
+    )  # set once a stalled GET hangs
     release: threading.Event = field(default_factory=threading.Event)
     url: str = ""
 
@@ -55,7 +61,11 @@ class FakeHub:
         return self.repos[repo_id]
 
     def gets(self, filename: str) -> list[Request]:
-        return [r for r in self.log if r.method == "GET" and r.path.endswith("/" + filename) and "/resolve/" in r.path]
+        return [
+            r
+            for r in self.log
+            if r.method == "GET" and r.path.endswith("/" + filename) and "/resolve/" in r.path
+        ]
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
@@ -97,22 +107,36 @@ def _handler(hub: FakeHub):
                 repo = hub.repos.get(m["repo"])
                 if repo is None:
                     return self._not_found()
-                return self._json([{"type": "file", "oid": repo.etag(n)[:40], "size": len(data), "path": n}
-                                   for n, data in sorted(repo.files.items())])
+                return self._json(
+                    [
+                        {"type": "file", "oid": repo.etag(n)[:40], "size": len(data), "path": n}
+                        for n, data in sorted(repo.files.items())
+                    ]
+                )
             if m := _INFO.match(path):
                 repo = hub.repos.get(m["repo"])
                 if repo is None:
                     return self._not_found()
-                return self._json({"id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False,
-                                   "siblings": [{"rfilename": n} for n in sorted(repo.files)]})
+                return self._json(
+                    {
+                        "id": repo.repo_id,
+                        "modelId": repo.repo_id,
+                        "sha": repo.commit,
+                        "private": False,
+                        "siblings": [{"rfilename": n} for n in sorted(repo.files)],
+                    }
+                )
             m = _RESOLVE.match(path)
             repo = hub.repos.get(m["repo"]) if m else None
             if repo is None:
                 return self._not_found()
             name = m["file"]
             if name not in repo.files:
-                return self._json({"error": "Entry not found"}, 404,
-                                  [("X-Error-Code", "EntryNotFound"), ("X-Repo-Commit", repo.commit)])
+                return self._json(
+                    {"error": "Entry not found"},
+                    404,
+                    [("X-Error-Code", "EntryNotFound"), ("X-Repo-Commit", repo.commit)],
+                )
             data = repo.files[name]
             start = 0
             if (rng := self.headers.get("Range")) and (r := re.match(r"bytes=(\d+)-", rng)):
@@ -128,14 +152,14 @@ def _handler(hub: FakeHub):
             if head:
                 return
             if not start and name in hub.cut:
-                self.wfile.write(data[:hub.cut.pop(name)])
+                self.wfile.write(data[: hub.cut.pop(name)])
                 self.wfile.flush()
                 self.close_connection = True
                 return
             if name in hub.stall and not hub.release.is_set():
                 # the first bytes, then a hang; a retry (after the client's read timeout, which
                 # a loaded machine can reach before the test's Ctrl-C) hangs at once, until `release`
-                self.wfile.write(data[start:max(start, hub.stall[name])])
+                self.wfile.write(data[start : max(start, hub.stall[name])])
                 self.wfile.flush()
                 hub.stalled.set()
                 hub.release.wait(120)

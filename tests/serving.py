@@ -7,17 +7,31 @@ import contextlib
 import threading
 import time
 
-from msa_models.attention_settings import AttentionSettings
-
-from msa_cli.server.run import address, listen, make_app, uvicorn_server
+from msa.models.attention_settings import AttentionSettings
+from msa.server.run import address, listen, make_app, uvicorn_server
 
 
 @contextlib.contextmanager
-def serving(loaded, *, attention: AttentionSettings | None = None, api_key: str | None = None,
-            queue_size: int = 4, max_request_bytes: int = 1_000_000, max_tokens: int = 64):
+def serving(
+    loaded,
+    *,
+    attention: AttentionSettings | None = None,
+    api_key: str | None = None,
+    queue_size: int = 4,
+    max_request_bytes: int = 1_000_000,
+    max_tokens: int = 64,
+):
     """Yield the server's base URL (`http://127.0.0.1:PORT`); the prefix cache is the test's own."""
-    app = make_app(loaded, attention or AttentionSettings(), cache_dir=None, no_cache=False, queue_size=queue_size,
-                   api_key=api_key, max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+    app = make_app(
+        loaded,
+        attention or AttentionSettings(),
+        cache_dir=None,
+        no_cache=False,
+        queue_size=queue_size,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        max_tokens=max_tokens,
+    )
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -7,14 +7,14 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from arch_checks import VOCAB, check_prompt_and_decode, randomize, reference_logits, save_hf_dir
 from conftest import assert_close
-from msa_models.attention_settings import AttentionSettings
-from msa_models.fp8 import quantize_fp8
-from msa_models.loading import load_model
-from msa_models.minimax_m2 import MiniMaxM2
+from safetensors.torch import load_file, save_file
+
+from msa.models.attention_settings import AttentionSettings
+from msa.models.fp8 import quantize_fp8
+from msa.models.loading import load_model
+from msa.models.minimax_m2 import MiniMaxM2
 
 transformers = pytest.importorskip("transformers")
 BLOCK = (16, 16)  # the real checkpoints use 128x128; small blocks give the tiny weights several
@@ -22,17 +22,33 @@ BLOCK = (16, 16)  # the real checkpoints use 128x128; small blocks give the tiny
 
 def tiny_m2(seed=0):
     config = transformers.MiniMaxM2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_local_experts=6, num_experts_per_tok=2,
-        max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=6,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        bos_token_id=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    )
     model = transformers.MiniMaxM2ForCausalLM(config).eval()
     randomize(model, seed)
     return model
 
 
 def prompt(loaded):
-    return loaded.tokenizer.encode("hello world, hello again <|im_end|> the experts pick their tokens here")
+    return loaded.tokenizer.encode(
+        "hello world, hello again <|im_end|> the experts pick their tokens here"
+    )
 
 
 def test_m2_checkpoint_matches_transformers(tmp_path):
@@ -46,23 +62,36 @@ def test_m2_checkpoint_matches_transformers(tmp_path):
     assert isinstance(loaded.model, MiniMaxM2) and loaded.config.rope_dim == 8
     ids = prompt(loaded)
     # routing is discrete: fp32 agreement holds as long as no top-k choice sits on a tie
-    check_prompt_and_decode(loaded.model, ids, reference_logits(hf_model, ids), n_prefill=7, atol=1e-4,
-                            what="m2", settings=AttentionSettings(mode="dense"))
+    check_prompt_and_decode(
+        loaded.model,
+        ids,
+        reference_logits(hf_model, ids),
+        n_prefill=7,
+        atol=1e-4,
+        what="m2",
+        settings=AttentionSettings(mode="dense"),
+    )
 
 
 def test_m2_routing_bias_changes_the_choice_not_the_weights():
-    from msa_models.moe import SparseMoE
+    from msa.models.moe import SparseMoE
 
     moe = SparseMoE(8, 4, n_experts=4, top_k=2)
     torch.nn.init.normal_(moe.gate.weight)
     x = torch.randn(5, 8)
     with torch.no_grad():
-        moe.e_score_correction_bias[:] = torch.tensor([0.0, 0.0, 10.0, 10.0])   # forces experts 2 and 3
+        moe.e_score_correction_bias[:] = torch.tensor(
+            [0.0, 0.0, 10.0, 10.0]
+        )  # forces experts 2 and 3
     ids, weights = moe.route(x)
     assert sorted(ids[0].tolist()) == [2, 3]
     probs = torch.sigmoid(moe.gate(x))[:, 2:]
-    assert_close(weights.sort(dim=-1).values, (probs / probs.sum(-1, keepdim=True)).sort(dim=-1).values, atol=1e-6,
-                 what="renormalised sigmoid weights")
+    assert_close(
+        weights.sort(dim=-1).values,
+        (probs / probs.sum(-1, keepdim=True)).sort(dim=-1).values,
+        atol=1e-6,
+        what="renormalised sigmoid weights",
+    )
 
 
 def test_m2_fp8_block_weights_dequantize_at_load(tmp_path):
@@ -77,18 +106,35 @@ def test_m2_fp8_block_weights_dequantize_at_load(tmp_path):
         if key.endswith("_proj.weight") or ".experts." in key:
             q, scale_inv = quantize_fp8(weights[key], BLOCK)
             weights[key], weights[key + "_scale_inv"] = q, scale_inv
-            dequantized[key] = _dequantize_fp8_weight(q, scale_inv, list(BLOCK), torch.float32)  # transformers' own
+            dequantized[key] = _dequantize_fp8_weight(
+                q, scale_inv, list(BLOCK), torch.float32
+            )  # transformers' own
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(BLOCK)}
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": list(BLOCK),
+    }
     (folder / "config.json").write_text(json.dumps(config))
 
     loaded = load_model(str(folder), fuse=False)
     ours = dict(loaded.model.named_parameters())
     q_key = "model.layers.1.self_attn.q_proj.weight"
-    assert_close(ours["layers.1.self_attn.q_proj.weight"], dequantized[q_key], atol=0, what="fp8 dequantization")
+    assert_close(
+        ours["layers.1.self_attn.q_proj.weight"],
+        dequantized[q_key],
+        atol=0,
+        what="fp8 dequantization",
+    )
     # e4m3 keeps 3 mantissa bits: within 1/16 of each weight's magnitude (+ a floor for tiny ones)
-    assert_close(dequantized[q_key], hf_model.state_dict()[q_key], atol=1e-3, rtol=1 / 16, what="fp8 vs original")
+    assert_close(
+        dequantized[q_key],
+        hf_model.state_dict()[q_key],
+        atol=1e-3,
+        rtol=1 / 16,
+        what="fp8 vs original",
+    )
 
     state = hf_model.state_dict()
     for key, w in dequantized.items():
@@ -103,12 +149,21 @@ def test_m2_fp8_block_weights_dequantize_at_load(tmp_path):
             layer_experts.setdefault(prefix, {})[(int(e), which)] = w
     for prefix, ws in layer_experts.items():
         n = max(e for e, _ in ws) + 1
-        state[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat([ws[(e, "w1")], ws[(e, "w3")]]) for e in range(n)])
+        state[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([ws[(e, "w1")], ws[(e, "w3")]]) for e in range(n)]
+        )
         state[f"{prefix}.mlp.experts.down_proj"] = torch.stack([ws[(e, "w2")] for e in range(n)])
     hf_model.load_state_dict(state)
     ids = prompt(loaded)
-    check_prompt_and_decode(loaded.model, ids, reference_logits(hf_model, ids), n_prefill=7, atol=1e-4,
-                            what="m2 fp8", settings=AttentionSettings(mode="dense"))
+    check_prompt_and_decode(
+        loaded.model,
+        ids,
+        reference_logits(hf_model, ids),
+        n_prefill=7,
+        atol=1e-4,
+        what="m2 fp8",
+        settings=AttentionSettings(mode="dense"),
+    )
 
 
 def test_m2_msa_with_every_block_selected_equals_dense(tmp_path):
@@ -118,5 +173,12 @@ def test_m2_msa_with_every_block_selected_equals_dense(tmp_path):
     loaded = load_model(str(save_hf_dir(hf_model, tmp_path / "tiny-m2")))
     ids = prompt(loaded)
     settings = AttentionSettings(mode="msa", block_size=4, topk=64, bounded_from=None)
-    check_prompt_and_decode(loaded.model, ids, reference_logits(hf_model, ids), n_prefill=9, atol=1e-4,
-                            what="m2 msa", settings=settings)
+    check_prompt_and_decode(
+        loaded.model,
+        ids,
+        reference_logits(hf_model, ids),
+        n_prefill=9,
+        atol=1e-4,
+        what="m2 msa",
+        settings=settings,
+    )

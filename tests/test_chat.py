@@ -8,13 +8,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from msa_cli.app import app
+from msa.app import app
 
 pytestmark = pytest.mark.slow
 
-DOC = ("The lighthouse at Corran Point was built in 1847.\n"
-       "Its first keeper was a ship's carpenter named Tobias Wren.\n"
-       "The last keeper, Ada Pellow, left in 1989.\n")
+DOC = (
+    "The lighthouse at Corran Point was built in 1847.\n"
+    "Its first keeper was a ship's carpenter named Tobias Wren.\n"
+    "The last keeper, Ada Pellow, left in 1989.\n"
+)
 
 
 @pytest.fixture
@@ -26,34 +28,48 @@ def doc(tmp_path):
 
 def test_scripted_chat_answers_each_line_and_runs_commands(embedded, doc, tmp_path):
     transcript = tmp_path / "chat.md"
-    script = (f"Who was the first keeper?\n\n/sources\n/stats\n/save {transcript}\n/reset\n/stats\n"
-              "/nope\n/exit\nnever asked\n")
-    result = CliRunner().invoke(app, ["chat", "-c", str(doc), "-n", "16", "--no-cache", "-q"], input=script)
+    script = (
+        f"Who was the first keeper?\n\n/sources\n/stats\n/save {transcript}\n/reset\n/stats\n"
+        "/nope\n/exit\nnever asked\n"
+    )
+    result = CliRunner().invoke(
+        app, ["chat", "-c", str(doc), "-n", "16", "--no-cache", "-q"], input=script
+    )
     assert result.exit_code == 0, result.output
     out = result.stdout.splitlines()
     assert "Tobias Wren" in out[0]
-    assert out[1].startswith(f"{doc}:") and "  1.00  " in out[1]    # one block after the sink: all the score
-    assert out[2] == f"documents: 1 files, {len(embedded.tokenizer.encode(DOC))} tokens (0 from the prefix cache)"
+    assert (
+        out[1].startswith(f"{doc}:") and "  1.00  " in out[1]
+    )  # one block after the sink: all the score
+    assert (
+        out[2]
+        == f"documents: 1 files, {len(embedded.tokenizer.encode(DOC))} tokens (0 from the prefix cache)"
+    )
     assert out[3].startswith("conversation: 1 turns, ")
     assert out[5] == f"saved to {transcript}"
     assert out[6] == "conversation forgotten; the documents stay loaded"
     assert out[8].startswith("conversation: 0 turns, 0 tokens; KV cache: ")
     assert out[9] == "unknown command /nope (try /help)"
-    assert len(out) == 10 and result.stderr == ""           # /exit: the last line is never asked
+    assert len(out) == 10 and result.stderr == ""  # /exit: the last line is never asked
     saved = transcript.read_text()
-    assert saved.startswith(f"# msa chat\n\nDocuments: `{doc}`\n\n**Question:** Who was the first keeper?\n\n")
+    assert saved.startswith(
+        f"# msa chat\n\nDocuments: `{doc}`\n\n**Question:** Who was the first keeper?\n\n"
+    )
     assert "Tobias Wren" in saved and "Sources:" in saved
 
 
 def test_turns_append_to_the_cache_and_match_a_fresh_read(embedded, doc):
-    from msa_cli.ask import AskSettings
-    from msa_cli.chat import ChatSession
-    from msa_cli.context import read_context
-    from msa_cli.generate import Generation, prefill
-    from msa_cli.sampling import Sampler
+    from msa.ask import AskSettings
+    from msa.chat import ChatSession
+    from msa.context import read_context
+    from msa.generate import Generation, prefill
+    from msa.sampling import Sampler
 
-    session = ChatSession(embedded, read_context([str(doc)]), AskSettings(max_tokens=6, show_progress=False,
-                                                                          show_notes=False, prefix_cache=None))
+    session = ChatSession(
+        embedded,
+        read_context([str(doc)]),
+        AskSettings(max_tokens=6, show_progress=False, show_notes=False, prefix_cache=None),
+    )
     session.read_documents()
     first = "".join(session.ask("Who was the first keeper?"))
     before = list(session.seq)
@@ -65,13 +81,25 @@ def test_turns_append_to_the_cache_and_match_a_fresh_read(embedded, doc):
     assert turn.timings.prefill_tokens == len(before) - in_cache + added
     assert first and second
     # the same tokens, read from scratch in one go, give the same answer
-    fresh = embedded.model.new_cache(capacity=len(session.seq) + 8, settings=session.settings.attention)
-    logits = prefill(embedded.model, fresh, session.seq[:len(before) + added])
-    again = list(Generation(embedded.model, fresh, logits, Sampler(0.0, 1.0, None), 6,
-                            stop_ids=embedded.tokenizer.eos_ids))
+    fresh = embedded.model.new_cache(
+        capacity=len(session.seq) + 8, settings=session.settings.attention
+    )
+    logits = prefill(embedded.model, fresh, session.seq[: len(before) + added])
+    again = list(
+        Generation(
+            embedded.model,
+            fresh,
+            logits,
+            Sampler(0.0, 1.0, None),
+            6,
+            stop_ids=embedded.tokenizer.eos_ids,
+        )
+    )
     assert embedded.tokenizer.decode(again) == second
     session.reset()
-    assert session.cache.length == session.context_length == len(session.seq) and session.turns == []
+    assert (
+        session.cache.length == session.context_length == len(session.seq) and session.turns == []
+    )
     assert torch.equal(session.cache.k[0][:, :4], fresh.k[0][:, :4])
 
 
@@ -85,7 +113,7 @@ def test_chat_needs_a_context_and_stdin_cannot_be_both(embedded, doc):
 
 
 def test_models_lists_the_registry(embedded):
-    from msa_models.registry import KNOWN_MODELS
+    from msa.models.registry import KNOWN_MODELS
 
     result = CliRunner().invoke(app, ["models", "--json"])
     assert result.exit_code == 0, result.output
@@ -103,18 +131,21 @@ def test_the_repl_keeps_history_and_leaves_on_ctrl_d(embedded, doc, capsys):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from msa_cli.ask import AskSettings
-    from msa_cli.chat import ChatSession
-    from msa_cli.conversation import run_repl
-    from msa_cli.context import read_context
-    from msa_cli.paths import data_dir
+    from msa.ask import AskSettings
+    from msa.chat import ChatSession
+    from msa.context import read_context
+    from msa.conversation import run_repl
+    from msa.paths import data_dir
 
-    session = ChatSession(embedded, read_context([str(doc)]), AskSettings(max_tokens=2, show_progress=False,
-                                                                          show_notes=False, prefix_cache=None))
+    session = ChatSession(
+        embedded,
+        read_context([str(doc)]),
+        AskSettings(max_tokens=2, show_progress=False, show_notes=False, prefix_cache=None),
+    )
     session.read_documents()
     history = data_dir() / "chat_history"
     with create_pipe_input() as pipe:
-        pipe.send_text("/context\rWho was the first keeper?\r\x04")     # \x04: Ctrl-D on an empty line
+        pipe.send_text("/context\rWho was the first keeper?\r\x04")  # \x04: Ctrl-D on an empty line
         run_repl(session, history, terminal_input=pipe, terminal_output=DummyOutput())
     out = capsys.readouterr().out.splitlines()
     assert out[0] == str(doc) and len(session.turns) == 1 and out[1] == session.turns[0].answer

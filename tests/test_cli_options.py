@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from msa_cli.app import app
+from msa.app import app
 
 
 def _commands(group, prefix=()):
@@ -33,11 +33,22 @@ def test_every_flag_with_an_environment_variable_shows_it_in_help():
         flat = " ".join(help_text.split())
         for param in command.params:
             if param.param_type_name == "option" and param.envvar:
-                assert param.show_envvar, f"msa {' '.join(path)} {param.opts[0]} hides {param.envvar}"
-                assert f"env var: {param.envvar}" in flat, f"msa {' '.join(path)} --help lacks {param.envvar}"
+                assert param.show_envvar, (
+                    f"msa {' '.join(path)} {param.opts[0]} hides {param.envvar}"
+                )
+                assert f"env var: {param.envvar}" in flat, (
+                    f"msa {' '.join(path)} --help lacks {param.envvar}"
+                )
                 seen.add(param.envvar)
-    assert {"MSA_MODEL", "MSA_THREADS", "MSA_CACHE_DIR", "MSA_ATTENTION", "MSA_QUIET", "MSA_VERBOSE"} <= seen
-    for command in ("ask", "chat"):       # MSA_CACHE_MAX is no flag: the help text names it
+    assert {
+        "MSA_MODEL",
+        "MSA_THREADS",
+        "MSA_CACHE_DIR",
+        "MSA_ATTENTION",
+        "MSA_QUIET",
+        "MSA_VERBOSE",
+    } <= seen
+    for command in ("ask", "chat"):  # MSA_CACHE_MAX is no flag: the help text names it
         assert "MSA_CACHE_MAX" in runner.invoke(app, [command, "--help"]).stdout
 
 
@@ -51,75 +62,118 @@ def test_quiet_and_verbose_together_are_a_usage_error(args):
 def notes(tmp_path):
     root = tmp_path / "notes"
     root.mkdir()
-    (root / "keeper.txt").write_text("The first keeper of the lighthouse was Tobias Wren, a ship's carpenter.\n" * 10)
-    (root / "tower.txt").write_text("The tower has 112 steps and a lamp that turns twice a minute.\n" * 10)
+    (root / "keeper.txt").write_text(
+        "The first keeper of the lighthouse was Tobias Wren, a ship's carpenter.\n" * 10
+    )
+    (root / "tower.txt").write_text(
+        "The tower has 112 steps and a lamp that turns twice a minute.\n" * 10
+    )
     return root
 
 
 @pytest.mark.slow
 def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
-    result = CliRunner().invoke(app, ["ask", str(notes), "How many steps?", "-n", "3", "--json", "--no-cache",
-                                      "--verbose", "--threads", "2"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ask",
+            str(notes),
+            "How many steps?",
+            "-n",
+            "3",
+            "--json",
+            "--no-cache",
+            "--verbose",
+            "--threads",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     model_line, figures = result.stderr.splitlines()
-    assert model_line.startswith(f"msa: model smollm2-135m ({embedded.source}), int4 weights, loaded in ")
-    assert model_line.endswith("; 2 threads; attention auto, top-k 8, block size the model's, 1 local block; "
-                              "decode in one fused CPU step")
-    assert figures.startswith(f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "
-                              f"{out['prefill_tokens']:,} read in ")
-    assert figures.endswith(f"; {out['generated_tokens']} written at {out['decode_tok_s']:,.1f} tok/s; "
-                            f"finish: {out['finish_reason']}")
+    assert model_line.startswith(
+        f"msa: model smollm2-135m ({embedded.source}), int4 weights, loaded in "
+    )
+    assert model_line.endswith(
+        "; 2 threads; attention auto, top-k 8, block size the model's, 1 local block; "
+        "decode in one fused CPU step"
+    )
+    assert figures.startswith(
+        f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "
+        f"{out['prefill_tokens']:,} read in "
+    )
+    assert figures.endswith(
+        f"; {out['generated_tokens']} written at {out['decode_tok_s']:,.1f} tok/s; "
+        f"finish: {out['finish_reason']}"
+    )
 
 
 @pytest.mark.slow
 def test_verbose_chat_prints_each_answers_figures(embedded, notes):
-    result = CliRunner().invoke(app, ["chat", "-c", str(notes), "-n", "2", "--no-cache", "-v"],
-                                input="How many steps?\n")
+    result = CliRunner().invoke(
+        app, ["chat", "-c", str(notes), "-n", "2", "--no-cache", "-v"], input="How many steps?\n"
+    )
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("msa: model smollm2-135m (") and lines[1].startswith("msa: reading 2 files, ")
+    assert lines[0].startswith("msa: model smollm2-135m (") and lines[1].startswith(
+        "msa: reading 2 files, "
+    )
     assert len(lines) == 3 and lines[2].startswith("msa: ") and " written at " in lines[2]
-    assert lines[2].endswith(f"; finish: length; the conversation is {lines[2].split('conversation is ')[1]}")
+    assert lines[2].endswith(
+        f"; finish: length; the conversation is {lines[2].split('conversation is ')[1]}"
+    )
 
 
 @pytest.mark.slow
-def test_the_summary_estimates_the_time_from_the_last_read_and_records_this_one(embedded, notes, isolated_home):
-    from msa_cli.context import read_context
-    from msa_cli.prompt import build_prompt
-    from msa_cli.read_speed import FILE_NAME, duration
+def test_the_summary_estimates_the_time_from_the_last_read_and_records_this_one(
+    embedded, notes, isolated_home
+):
+    from msa.context import read_context
+    from msa.prompt import build_prompt
+    from msa.read_speed import FILE_NAME, duration
 
     speeds = isolated_home / ".cache" / "msa" / FILE_NAME
     key = f"smollm2-135m:{embedded.digest[:16]}:2t:auto"
     speeds.write_text(json.dumps({key: 40.0}))
     prompt = build_prompt(embedded.tokenizer, read_context([str(notes)]).text, "How many steps?")
-    result = CliRunner().invoke(app, ["ask", str(notes), "How many steps?", "-n", "1", "--no-cache", "-t", "2"])
+    result = CliRunner().invoke(
+        app, ["ask", str(notes), "How many steps?", "-n", "1", "--no-cache", "-t", "2"]
+    )
     assert result.exit_code == 0, result.output
     to_read = prompt.context_length
-    assert result.stderr == (f"msa: reading 2 files, {len(prompt.document):,} tokens; "
-                             f"about {duration(to_read / 40.0)} at 40 tok/s\n")
+    assert result.stderr == (
+        f"msa: reading 2 files, {len(prompt.document):,} tokens; "
+        f"about {duration(to_read / 40.0)} at 40 tok/s\n"
+    )
     measured = json.loads(speeds.read_text())[key]
-    assert measured > 0 and measured != 40.0       # this read's own speed replaced it
+    assert measured > 0 and measured != 40.0  # this read's own speed replaced it
 
 
 @pytest.mark.slow
 def test_a_long_single_document_gets_the_summary_too(embedded, tmp_path, monkeypatch):
-    from msa_cli import ask
+    from msa import ask
 
     doc = tmp_path / "doc.txt"
     doc.write_text("The tower has 112 steps.\n" * 10)
     tokens = len(embedded.tokenizer.encode(doc.read_text()))
     run = lambda: CliRunner().invoke(app, ["ask", str(doc), "Steps?", "-n", "1", "--no-cache"])  # noqa: E731
-    assert run().stderr == ""                                  # short: no line
-    monkeypatch.setattr(ask, "LONG_READ_TOKENS", tokens)      # as long as the threshold
+    assert run().stderr == ""  # short: no line
+    monkeypatch.setattr(ask, "LONG_READ_TOKENS", tokens)  # as long as the threshold
     assert run().stderr == f"msa: reading 1 file, {tokens:,} tokens\n"
 
 
 def test_duration_reads_like_a_person_would_say_it():
-    from msa_cli.read_speed import duration
+    from msa.read_speed import duration
 
-    assert [duration(s) for s in (0.2, 4.4, 60, 80, 3599, 3600, 7500)] == \
-        ["1 s", "4 s", "1 min", "1 min 20 s", "59 min 59 s", "1 h 0 min", "2 h 5 min"]
+    assert [duration(s) for s in (0.2, 4.4, 60, 80, 3599, 3600, 7500)] == [
+        "1 s",
+        "4 s",
+        "1 min",
+        "1 min 20 s",
+        "59 min 59 s",
+        "1 h 0 min",
+        "2 h 5 min",
+    ]
 
 
 # Typer guesses the shell from the parent processes (shellingham) unless told not to; then the
@@ -142,18 +196,28 @@ def test_installed_bash_completion_completes_commands_and_options(tmp_path):
     msa = Path(sys.executable).parent / "msa"
     if not msa.exists():
         pytest.skip("the msa script is not installed next to this Python")
-    env = {**os.environ, **NO_SHELL_DETECTION, "HOME": str(tmp_path),
-           "PATH": f"{msa.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    install = subprocess.run([str(msa), "--install-completion", "bash"], env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        **NO_SHELL_DETECTION,
+        "HOME": str(tmp_path),
+        "PATH": f"{msa.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    install = subprocess.run(
+        [str(msa), "--install-completion", "bash"], env=env, capture_output=True, text=True
+    )
     assert install.returncode == 0, install.stderr
     script = tmp_path / ".bash_completions" / "msa.sh"
     assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
 
     def complete(*words: str) -> list[str]:
         line = " ".join(words)
-        code = (f"source '{script}'; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
-                f"_msa_completion msa; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
-        out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        code = (
+            f"source '{script}'; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
+            f"_msa_completion msa; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        )
+        out = subprocess.run(
+            ["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
         return out.stdout.split()
 
     assert complete("msa", "mo") == ["models"]

@@ -1,4 +1,4 @@
-"""Reading files and directories into one text (msa_cli.context): no model needed."""
+"""Reading files and directories into one text (msa.context): no model needed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from msa_cli.context import header, read_context
-from msa_models.errors import InputError
+from msa.context import header, read_context
+from msa.models.errors import InputError
 
 
 @pytest.fixture
@@ -64,30 +64,52 @@ def test_walks_a_directory_like_git(tree, deny_unreadable):
     warnings = []
     ctx = read_context([str(tree)], max_file_bytes=1000, warn=warnings.append)
     p = lambda rel: os.path.join(str(tree), rel)  # noqa: E731
-    assert [f.path for f in ctx.files] == [p("a.txt"), p("keep.log"), p("latin1.txt"), p("link_in.txt"),
-                                           p("sub/b.md"), p("sub/z.txt")]
-    assert warnings == [   # during the walk, in path order (folders' links when their folder is listed)
-        f"skipped {p('linkdir_out')}: a link out of the folder, not followed",
-        f"skipped {p('big.txt')}: larger than 1,000 bytes (2,000)",
-        f"skipped {p('bin.dat')}: binary",
-        f"{p('latin1.txt')}: not UTF-8 (invalid byte at offset 3), read as Latin-1",
-        f"skipped {p('link_out.txt')}: a link out of the folder, not followed",
-        f"skipped {p('pipe')}: not a regular file",
-        f"skipped {p('unreadable.txt')}: cannot read (Permission denied)",
+    assert [f.path for f in ctx.files] == [
+        p("a.txt"),
+        p("keep.log"),
+        p("latin1.txt"),
+        p("link_in.txt"),
+        p("sub/b.md"),
+        p("sub/z.txt"),
     ]
+    assert (
+        warnings
+        == [  # during the walk, in path order (folders' links when their folder is listed)
+            f"skipped {p('linkdir_out')}: a link out of the folder, not followed",
+            f"skipped {p('big.txt')}: larger than 1,000 bytes (2,000)",
+            f"skipped {p('bin.dat')}: binary",
+            f"{p('latin1.txt')}: not UTF-8 (invalid byte at offset 3), read as Latin-1",
+            f"skipped {p('link_out.txt')}: a link out of the folder, not followed",
+            f"skipped {p('pipe')}: not a regular file",
+            f"skipped {p('unreadable.txt')}: cannot read (Permission denied)",
+        ]
+    )
     assert len(ctx.skipped) == 6
-    assert ctx.text == (header(p("a.txt")) + "alpha one\nalpha two\n\n" + header(p("keep.log")) + "kept by a negated pattern\n\n"
-                        + header(p("latin1.txt")) + "caf\u00e9\n\n" + header(p("link_in.txt")) + "alpha one\nalpha two\n\n"
-                        + header(p("sub/b.md")) + "bravo\n\n" + header(p("sub/z.txt")) + "zulu, no newline at the end\n")
-    for f in ctx.files:   # offsets point at each file's own content
-        assert ctx.text[f.start:f.end] == Path(f.path).read_bytes().decode("utf-8", errors="replace").replace("\ufffd", "\u00e9")
+    assert ctx.text == (
+        header(p("a.txt"))
+        + "alpha one\nalpha two\n\n"
+        + header(p("keep.log"))
+        + "kept by a negated pattern\n\n"
+        + header(p("latin1.txt"))
+        + "caf\u00e9\n\n"
+        + header(p("link_in.txt"))
+        + "alpha one\nalpha two\n\n"
+        + header(p("sub/b.md"))
+        + "bravo\n\n"
+        + header(p("sub/z.txt"))
+        + "zulu, no newline at the end\n"
+    )
+    for f in ctx.files:  # offsets point at each file's own content
+        assert ctx.text[f.start : f.end] == Path(f.path).read_bytes().decode(
+            "utf-8", errors="replace"
+        ).replace("\ufffd", "\u00e9")
 
 
 def test_hidden_files_only_with_hidden(tree, deny_unreadable):
     ctx = read_context([str(tree)], hidden=True, max_file_bytes=10_000)
     names = [os.path.relpath(f.path, tree) for f in ctx.files]
     assert ".hidden.txt" in names and ".gitignore" in names and "big.txt" in names
-    assert not any(n.startswith(".git" + os.sep) for n in names)     # .git is never read
+    assert not any(n.startswith(".git" + os.sep) for n in names)  # .git is never read
 
 
 def test_lines_and_locate_map_offsets_to_files(tree, deny_unreadable):
@@ -96,9 +118,13 @@ def test_lines_and_locate_map_offsets_to_files(tree, deny_unreadable):
     second_line = ctx.text.index("alpha two")
     assert a.line_at(ctx.text, second_line) == 2 and a.line_at(ctx.text, a.start) == 1
     assert z.line_at(ctx.text, z.end - 1) == 1
-    parts = ctx.locate(a.start, ctx.files[1].end)     # spans two files: a part in each, headers left out
+    parts = ctx.locate(
+        a.start, ctx.files[1].end
+    )  # spans two files: a part in each, headers left out
     assert [(f.path, ctx.text[lo:hi]) for f, lo, hi in parts] == [
-        (a.path, "alpha one\nalpha two\n"), (ctx.files[1].path, "kept by a negated pattern\n")]
+        (a.path, "alpha one\nalpha two\n"),
+        (ctx.files[1].path, "kept by a negated pattern\n"),
+    ]
 
 
 def test_one_file_is_the_document_text_alone(tmp_path):
@@ -113,7 +139,10 @@ def test_several_files_keep_argument_order(tmp_path):
     (tmp_path / "b.txt").write_text("bee\n")
     (tmp_path / "a.txt").write_text("ay\n")
     ctx = read_context([str(tmp_path / "b.txt"), str(tmp_path / "a.txt")])
-    assert ctx.text == header(str(tmp_path / "b.txt")) + "bee\n\n" + header(str(tmp_path / "a.txt")) + "ay\n"
+    assert (
+        ctx.text
+        == header(str(tmp_path / "b.txt")) + "bee\n\n" + header(str(tmp_path / "a.txt")) + "ay\n"
+    )
 
 
 def test_named_file_errors_and_empty_folder(tmp_path):

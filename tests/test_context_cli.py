@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from msa_cli.app import app
-from msa_cli.context import header
+from msa.app import app
+from msa.context import header
 
 pytestmark = pytest.mark.slow
 
@@ -27,25 +27,37 @@ def test_a_directory_is_read_with_a_summary_then_hits_the_cache(embedded, folder
     runner = CliRunner()
     result = runner.invoke(app, ["ask", str(folder), "How many steps?", "-n", "1"])
     assert result.exit_code == 0, result.output
-    text = (header(str(folder / "keeper.txt")) + "The first keeper was Tobias Wren.\n\n"
-            + header(str(folder / "tower.txt")) + "The tower has 112 steps.\n")
+    text = (
+        header(str(folder / "keeper.txt"))
+        + "The first keeper was Tobias Wren.\n\n"
+        + header(str(folder / "tower.txt"))
+        + "The tower has 112 steps.\n"
+    )
     tokens = len(embedded.tokenizer.encode(text))
-    assert result.stderr.splitlines() == [f"msa: skipped {folder / 'blob.bin'}: binary",
-                                          f"msa: reading 2 files, {tokens} tokens (1 skipped)"]
+    assert result.stderr.splitlines() == [
+        f"msa: skipped {folder / 'blob.bin'}: binary",
+        f"msa: reading 2 files, {tokens} tokens (1 skipped)",
+    ]
     again = runner.invoke(app, ["ask", str(folder), "How many steps?", "-n", "1", "--json"])
     out = json.loads(again.stdout)
-    assert again.exit_code == 0 and out["cached_tokens"] > tokens        # the template head and every file
-    assert again.stderr == f"msa: skipped {folder / 'blob.bin'}: binary\n"   # --json: no summary
+    assert (
+        again.exit_code == 0 and out["cached_tokens"] > tokens
+    )  # the template head and every file
+    assert again.stderr == f"msa: skipped {folder / 'blob.bin'}: binary\n"  # --json: no summary
 
 
 def test_quiet_and_several_paths(embedded, folder, tmp_path):
     extra = tmp_path / "extra.txt"
     extra.write_text("More.\n")
-    result = CliRunner().invoke(app, ["ask", str(extra), str(folder), "q", "-n", "1", "-q", "--no-cache"])
+    result = CliRunner().invoke(
+        app, ["ask", str(extra), str(folder), "q", "-n", "1", "-q", "--no-cache"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
 
 
 def test_a_missing_path_among_several_exits_3(embedded, folder):
     result = CliRunner().invoke(app, ["ask", str(folder), str(folder / "nope.txt"), "q"])
-    assert result.exit_code == 3 and result.stderr.endswith(f"msa: error: {folder / 'nope.txt'}: no such file\n")
+    assert result.exit_code == 3 and result.stderr.endswith(
+        f"msa: error: {folder / 'nope.txt'}: no such file\n"
+    )

@@ -1,4 +1,4 @@
-"""PDF, EPUB and HTML documents as text with page and chapter markers (msa_cli.converters),
+"""PDF, EPUB and HTML documents as text with page and chapter markers (msa.converters),
 read as files and in directories, cited by page in sources; and refused without the extra.
 Fixtures are written at test time: PDFs with fpdf2, EPUBs with EbookLib, HTML by hand."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from msa_cli.app import app
-from msa_cli.context import read_context
-from msa_cli.documents import read_document
-from msa_models.errors import InputError
+from msa.app import app
+from msa.context import read_context
+from msa.documents import read_document
+from msa.models.errors import InputError
 
 pytest.importorskip("pypdf")
 pytest.importorskip("ebooklib")
@@ -61,23 +61,36 @@ def write_epub(path: Path, chapters: list[tuple[str, str]]) -> Path:
 
 
 def test_pdf_pages_become_marked_text(tmp_path):
-    path = write_pdf(tmp_path / "book.pdf", ["The harbor opened in 1847.\nShips came in.", "The tower has 112 steps.",
-                                             "The last keeper left in 1989."])
+    path = write_pdf(
+        tmp_path / "book.pdf",
+        [
+            "The harbor opened in 1847.\nShips came in.",
+            "The tower has 112 steps.",
+            "The last keeper left in 1989.",
+        ],
+    )
     doc = read_document(str(path))
-    assert doc.text == ("[page 1]\nThe harbor opened in 1847.\nShips came in.\n\n[page 2]\nThe tower has 112 steps.\n\n"
-                        "[page 3]\nThe last keeper left in 1989.\n")
+    assert doc.text == (
+        "[page 1]\nThe harbor opened in 1847.\nShips came in.\n\n[page 2]\nThe tower has 112 steps.\n\n"
+        "[page 3]\nThe last keeper left in 1989.\n"
+    )
     context = read_context([str(path)])
     assert context.files[0].section_at(doc.text.index("112 steps")) == "page 2"
     assert context.files[0].section_at(doc.text.index("1989")) == "page 3"
 
 
 def test_epub_chapters_in_reading_order_titled_from_the_table_of_contents(tmp_path):
-    path = write_epub(tmp_path / "book.epub", [("The Harbor", "Ships come in."), ("The Tower", "It has 112 steps.\nAnd a lamp.")])
+    path = write_epub(
+        tmp_path / "book.epub",
+        [("The Harbor", "Ships come in."), ("The Tower", "It has 112 steps.\nAnd a lamp.")],
+    )
     doc = read_document(str(path))
-    assert doc.text == ("[chapter 1: The Harbor]\nThe Harbor\n\nShips come in.\n\n"
-                        "[chapter 2: The Tower]\nThe Tower\n\nIt has 112 steps.\n\nAnd a lamp.\n")
+    assert doc.text == (
+        "[chapter 1: The Harbor]\nThe Harbor\n\nShips come in.\n\n"
+        "[chapter 2: The Tower]\nThe Tower\n\nIt has 112 steps.\n\nAnd a lamp.\n"
+    )
     assert [label for _, label in doc.sections] == ["chapter 1: The Harbor", "chapter 2: The Tower"]
-    assert doc.text[doc.sections[1][0]:].startswith("[chapter 2: The Tower]\n")
+    assert doc.text[doc.sections[1][0] :].startswith("[chapter 2: The Tower]\n")
 
 
 def test_html_visible_text_with_headings_as_sections(tmp_path):
@@ -99,17 +112,20 @@ def test_a_directory_reads_documents_with_their_sections_in_place(tmp_path):
     assert [f.path for f in context.files] == [str(root / n) for n in ("a.pdf", "b.html", "c.txt")]
     assert warnings == [] and context.skipped == []
     pdf, html, txt = context.files
-    assert context.text[pdf.start:pdf.end] == "[page 1]\nFirst page.\n\n[page 2]\nSecond page.\n"
+    assert context.text[pdf.start : pdf.end] == "[page 1]\nFirst page.\n\n[page 2]\nSecond page.\n"
     assert pdf.section_at(context.text.index("Second page")) == "page 2"
     assert html.section_at(context.text.index("112 steps")) == "The Tower"
     assert txt.section_at(context.text.index("plain")) is None
 
 
-@pytest.mark.parametrize("name,data,message", [
-    ("junk.pdf", b"%PDF-1.4 this is not really a pdf", "not a readable PDF"),
-    ("junk.epub", b"PK not a zip", "not a readable EPUB"),
-    ("empty.html", b"<html><body><script>x()</script></body></html>", "holds no text"),
-])
+@pytest.mark.parametrize(
+    "name,data,message",
+    [
+        ("junk.pdf", b"%PDF-1.4 this is not really a pdf", "not a readable PDF"),
+        ("junk.epub", b"PK not a zip", "not a readable EPUB"),
+        ("empty.html", b"<html><body><script>x()</script></body></html>", "holds no text"),
+    ],
+)
 def test_unreadable_documents_are_input_errors(tmp_path, name, data, message):
     path = tmp_path / name
     path.write_bytes(data)
@@ -131,18 +147,24 @@ def without_docs_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("suffix", [".pdf", ".epub", ".html"])
-def test_without_the_extra_a_document_is_refused_with_the_install_hint(tmp_path, without_docs_extra, suffix):
+def test_without_the_extra_a_document_is_refused_with_the_install_hint(
+    tmp_path, without_docs_extra, suffix
+):
     path = tmp_path / f"book{suffix}"
     path.write_bytes(b"whatever")
     result = CliRunner().invoke(app, ["ask", str(path), "q"])
     kind = {".pdf": "PDF", ".epub": "EPUB", ".html": "HTML"}[suffix]
     assert result.exit_code == 3
-    assert result.stderr.startswith(f"msa: error: {path}: a {kind} document; reading it needs the docs extra: "
-                                    "pip install 'msa[docs]'")
+    assert result.stderr.startswith(
+        f"msa: error: {path}: a {kind} document; reading it needs the docs extra: "
+        "pip install 'msa[docs]'"
+    )
     assert result.stderr.count("\n") == 1
 
 
-def test_without_the_extra_a_directory_skips_documents_with_one_warning_each(tmp_path, without_docs_extra):
+def test_without_the_extra_a_directory_skips_documents_with_one_warning_each(
+    tmp_path, without_docs_extra
+):
     root = tmp_path / "docs"
     root.mkdir()
     (root / "a.pdf").write_bytes(b"%PDF-1.4")
@@ -150,25 +172,31 @@ def test_without_the_extra_a_directory_skips_documents_with_one_warning_each(tmp
     warnings = []
     context = read_context([str(root)], warn=warnings.append)
     assert [f.path for f in context.files] == [str(root / "b.txt")]
-    assert warnings == [f"skipped {root / 'a.pdf'}: a PDF document; reading it needs the docs extra: "
-                        "pip install 'msa[docs]' (pypdf is missing)"]
+    assert warnings == [
+        f"skipped {root / 'a.pdf'}: a PDF document; reading it needs the docs extra: "
+        "pip install 'msa[docs]' (pypdf is missing)"
+    ]
 
 
 def test_a_source_names_its_page_and_a_block_across_two_pages_is_a_part_in_each(tmp_path):
-    from msa_cli.prompt import Prompt
-    from msa_cli.sources import _block_sources
+    from msa.prompt import Prompt
+    from msa.sources import _block_sources
 
     path = write_pdf(tmp_path / "book.pdf", ["one\ntwo", "three"])
     context = read_context([str(path)])
     assert context.text == "[page 1]\none\ntwo\n\n[page 2]\nthree\n"
-    offsets = [(i, i + 1) for i in range(len(context.text))]     # a token per character
-    prompt = Prompt(head=[0] * 4, document=[0] * len(context.text), tail=[], document_offsets=offsets)
+    offsets = [(i, i + 1) for i in range(len(context.text))]  # a token per character
+    prompt = Prompt(
+        head=[0] * 4, document=[0] * len(context.text), tail=[], document_offsets=offsets
+    )
     second_line = context.text.index("one")
-    parts = _block_sources(0, 1.0, 4 + len(context.text), prompt, context)     # one block, both pages
+    parts = _block_sources(0, 1.0, 4 + len(context.text), prompt, context)  # one block, both pages
     assert [(s.start_line, s.end_line, s.section, s.text) for s in parts] == [
-        (1, 3, "page 1", "[page 1]\none\ntwo"), (5, 6, "page 2", "[page 2]\nthree")]
+        (1, 3, "page 1", "[page 1]\none\ntwo"),
+        (5, 6, "page 2", "[page 2]\nthree"),
+    ]
     assert [round(s.score, 6) for s in parts] == [round(16 / 30, 6), round(14 / 30, 6)]
     assert parts[1].line().startswith(f"{path}:5-6 (page 2)  0.47  ")
     assert parts[1].as_json()["section"] == "page 2"
-    later = _block_sources(0, 1.0, 4 + second_line + 3, prompt, context)       # a block inside page 1
+    later = _block_sources(0, 1.0, 4 + second_line + 3, prompt, context)  # a block inside page 1
     assert [(s.section, s.text) for s in later] == [("page 1", "[page 1]\none")]

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_close
 from tiny_checkpoints import tiny_model
-from msa_kernels import decoder_step
-from msa_models.attention_settings import AttentionSettings
-from msa_models.fuse import fuse_projections
-from msa_models.fused_decode import fused_step, per_op_decode, prepare
-from msa_models.quantize import quantize_model
+
+from msa.kernels import decoder_step
+from msa.models.attention_settings import AttentionSettings
+from msa.models.fuse import fuse_projections
+from msa.models.fused_decode import fused_step, per_op_decode, prepare
+from msa.models.quantize import quantize_model
 
 
 def _model(quant=None):
@@ -33,7 +33,9 @@ def model(request):
 
 def _prefilled(model, settings, n_tokens, seed=0):
     cache = model.new_cache(capacity=n_tokens + 64, settings=settings)
-    ids = torch.randint(0, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(
+        0, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(seed)
+    )
     with per_op_decode(model):
         model(ids, cache)
     return cache
@@ -42,7 +44,9 @@ def _prefilled(model, settings, n_tokens, seed=0):
 def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: cache):
     """Logits of the same teacher-forced tokens, fused and per-op, each from its own cache."""
     fused_cache, per_op_cache = (prepare(_prefilled(model, settings, n_prompt)) for _ in range(2))
-    tokens = torch.randint(0, model.config.vocab_size, (n_steps,), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, model.config.vocab_size, (n_steps,), generator=torch.Generator().manual_seed(1)
+    )
     fused, per_op = [], []
     for t in tokens:
         fused.append(model(t[None], fused_cache))
@@ -55,11 +59,15 @@ SETTINGS = [
     AttentionSettings(mode="dense"),
     AttentionSettings(mode="auto", dense_tokens=64, topk=2, selection_layer=0),
     AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=0, selection_layer=None),
-    AttentionSettings(mode="msa", topk=2, bounded_from=None, selection_layer=1),   # true distances inside 4K
+    AttentionSettings(
+        mode="msa", topk=2, bounded_from=None, selection_layer=1
+    ),  # true distances inside 4K
 ]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"])
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"]
+)
 def test_fused_steps_match_the_per_op_path(model, settings):
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
     tol = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
@@ -67,14 +75,32 @@ def test_fused_steps_match_the_per_op_path(model, settings):
     assert_close(fused, per_op, atol=tol * float(scale), what="logits")
     assert fused_cache.length == per_op_cache.length == 190
     for layer in range(model.config.num_hidden_layers):
-        assert_close(fused_cache.k[layer][:, :190], per_op_cache.k[layer][:, :190], atol=tol * 10, what="keys")
-        assert_close(fused_cache.v[layer][:, :190], per_op_cache.v[layer][:, :190], atol=tol * 10, what="values")
+        assert_close(
+            fused_cache.k[layer][:, :190],
+            per_op_cache.k[layer][:, :190],
+            atol=tol * 10,
+            what="keys",
+        )
+        assert_close(
+            fused_cache.v[layer][:, :190],
+            per_op_cache.v[layer][:, :190],
+            atol=tol * 10,
+            what="values",
+        )
 
 
 def _restored(cache):
     """A new cache holding `cache`'s blocks as the prefix cache restores them: unread until used."""
-    fresh = type(cache)(cache.n_layers, cache.n_kv_heads, cache.head_dim, block_size=cache.block_size,
-                        dtype=cache.dtype, capacity=cache.capacity, settings=cache.settings, rope=cache.rope)
+    fresh = type(cache)(
+        cache.n_layers,
+        cache.n_kv_heads,
+        cache.head_dim,
+        block_size=cache.block_size,
+        dtype=cache.dtype,
+        capacity=cache.capacity,
+        settings=cache.settings,
+        rope=cache.rope,
+    )
     for index in range(-(-cache.length // cache.block_size)):
         fresh.import_block(index, cache.export_block(index))
     return fresh
@@ -84,7 +110,9 @@ def test_restored_blocks_are_read_only_when_selected():
     model = _model()
     settings = AttentionSettings(mode="msa", topk=2, selection_layer=0)
     fused, per_op, fused_cache, _ = _decode_both(model, settings, 320, 8, prepare=_restored)
-    assert_close(fused, per_op, atol=1e-4 * float(per_op.abs().max()), what="logits over restored blocks")
+    assert_close(
+        fused, per_op, atol=1e-4 * float(per_op.abs().max()), what="logits over restored blocks"
+    )
     assert fused_cache.unread_blocks > 0, "the fused step read blocks it did not select"
 
 
@@ -92,20 +120,22 @@ def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
     model = _model()
     cache = _prefilled(model, AttentionSettings(mode="msa", topk=2), 100)
     seen = []
-    cache.observe_queries = lambda layer, q, q_start: seen.append(layer)   # sources: per-op only
+    cache.observe_queries = lambda layer, q, q_start: seen.append(layer)  # sources: per-op only
     model(torch.tensor([3]), cache)
     assert seen == list(range(model.config.num_hidden_layers))
     int8_cache = _prefilled(model, AttentionSettings(mode="dense", kv_dtype="int8"), 40)
-    monkeypatch.setattr(decoder_step.DecoderStep, "step", lambda *a, **k: pytest.fail("fused step on int8 K/V"))
+    monkeypatch.setattr(
+        decoder_step.DecoderStep, "step", lambda *a, **k: pytest.fail("fused step on int8 K/V")
+    )
     model(torch.tensor([3]), int8_cache)
 
 
 def test_layers_it_does_not_describe_have_no_fused_step():
     unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
-    assert fused_step(unfused) is None                  # separate q, k, v projections
+    assert fused_step(unfused) is None  # separate q, k, v projections
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
     fuse_projections(partial)
-    assert fused_step(partial) is None                  # RoPE on part of the head
+    assert fused_step(partial) is None  # RoPE on part of the head
 
 
 def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
@@ -113,7 +143,9 @@ def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
     monkeypatch.setattr(decoder_step, "needs_build", lambda: True)
     told = []
     assert prepare(model, on_build=lambda: told.append("building")) is None
-    assert prepare(model, on_build=lambda: told.append("again")) is None     # built: nothing more to say
+    assert (
+        prepare(model, on_build=lambda: told.append("again")) is None
+    )  # built: nothing more to say
     assert told == ["building"]
     unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
     assert "not the plain Llama layers" in prepare(unfused, on_build=lambda: told.append("no"))
@@ -124,11 +156,14 @@ def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
 @pytest.mark.parametrize("mode", ["auto", "msa"])
 def test_embedded_model_answers_alike_fused_and_per_op(embedded, mode):
     """Greedy decoding of the real model: the same tokens either way, dense and MSA."""
-    from msa_cli.generate import prefill
+    from msa.generate import prefill
 
     model, tok = embedded.model, embedded.tokenizer
     assert fused_step(model) is not None
-    text = " ".join(f"Line {i}: the {['red', 'green', 'blue'][i % 3]} lamp is number {i * 7}." for i in range(60))
+    text = " ".join(
+        f"Line {i}: the {['red', 'green', 'blue'][i % 3]} lamp is number {i * 7}."
+        for i in range(60)
+    )
     ids = tok.encode(text + " Question: what colour is lamp 14? Answer:")
     settings = AttentionSettings(mode=mode, topk=4)
     answers = []

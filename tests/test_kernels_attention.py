@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msa_kernels import (
+from msa.kernels import (
     block_summaries,
     dense_attention,
     merge_attention,
@@ -16,8 +16,8 @@ from msa_kernels import (
     sparse_decode_attention,
     sparse_prefill_attention,
 )
-from msa_kernels.dense import dense_attention_reference
-from msa_kernels.testing import TOLERANCES, assert_close
+from msa.kernels.dense import dense_attention_reference
+from msa.kernels.testing import TOLERANCES, assert_close
 
 HKV, HEAD_DIM = 2, 32
 
@@ -50,7 +50,12 @@ def oracle_attention(q, q_positions, k, v, keys_of, scale):
 def selected_keys(block_idx_row, block_size, last_pos):
     """Positions <= last_pos in the listed blocks."""
     blocks = [b for b in block_idx_row.tolist() if b >= 0]
-    return [pos for b in blocks for pos in range(b * block_size, (b + 1) * block_size) if pos <= last_pos]
+    return [
+        pos
+        for b in blocks
+        for pos in range(b * block_size, (b + 1) * block_size)
+        if pos <= last_pos
+    ]
 
 
 LENGTHS = [1, 63, 64, 65, 200, 1000]
@@ -65,24 +70,40 @@ DTYPES = [torch.float32, torch.bfloat16]
 def test_dense_cpu_matches_reference(n_tokens, group, dtype):
     k, v = make_kv(n_tokens, dtype)
     q_decode = make_q((HKV * group, HEAD_DIM), dtype)
-    assert_close(dense_attention(q_decode, k, v, impl="cpu"), dense_attention(q_decode, k, v, impl="reference"),
-                 **TOLERANCES[dtype], what="dense decode")
+    assert_close(
+        dense_attention(q_decode, k, v, impl="cpu"),
+        dense_attention(q_decode, k, v, impl="reference"),
+        **TOLERANCES[dtype],
+        what="dense decode",
+    )
     n_queries = min(n_tokens, 37)
     q_chunk = make_q((HKV * group, n_queries, HEAD_DIM), dtype)
     start = n_tokens - n_queries
-    assert_close(dense_attention(q_chunk, k, v, q_start=start, impl="cpu"),
-                 dense_attention(q_chunk, k, v, q_start=start, impl="reference"), **TOLERANCES[dtype], what="dense chunk")
+    assert_close(
+        dense_attention(q_chunk, k, v, q_start=start, impl="cpu"),
+        dense_attention(q_chunk, k, v, q_start=start, impl="reference"),
+        **TOLERANCES[dtype],
+        what="dense chunk",
+    )
     # A chunk that is not the cache's tail: later keys are future to it and masked.
-    assert_close(dense_attention(q_chunk, k, v, q_start=0, impl="cpu"),
-                 dense_attention(q_chunk, k, v, q_start=0, impl="reference"), **TOLERANCES[dtype], what="dense head")
+    assert_close(
+        dense_attention(q_chunk, k, v, q_start=0, impl="cpu"),
+        dense_attention(q_chunk, k, v, q_start=0, impl="reference"),
+        **TOLERANCES[dtype],
+        what="dense head",
+    )
 
 
 def test_dense_reference_matches_oracle():
     k, v = make_kv(40, torch.float32)
     q = make_q((HKV * 3, 5, HEAD_DIM), torch.float32)
     positions = list(range(20, 25))
-    expected = oracle_attention(q, positions, k, v, lambda h, pos: list(range(pos + 1)), HEAD_DIM**-0.5)
-    assert_close(dense_attention(q, k, v, q_start=20, impl="reference"), expected, atol=1e-5, rtol=1e-5)
+    expected = oracle_attention(
+        q, positions, k, v, lambda h, pos: list(range(pos + 1)), HEAD_DIM**-0.5
+    )
+    assert_close(
+        dense_attention(q, k, v, q_start=20, impl="reference"), expected, atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,11 +135,14 @@ def test_sparse_prefill_with_every_block_equals_dense(n_tokens, group, block_siz
     q = make_q((HKV * group, n_queries, HEAD_DIM), dtype)
     n_qblocks = (n_tokens - 1) // block_size - start // block_size + 1
     scores = torch.randn(HKV, n_qblocks, n_tokens // block_size)
-    block_idx = select_query_blocks(scores, q_start=start, n_tokens=n_tokens, block_size=block_size,
-                                    topk=n_tokens // block_size)
+    block_idx = select_query_blocks(
+        scores, q_start=start, n_tokens=n_tokens, block_size=block_size, topk=n_tokens // block_size
+    )
     dense_o, dense_lse = dense_attention_reference(q, start, k, v, HEAD_DIM**-0.5)
     for impl in ("reference", "cpu"):
-        o, lse = sparse_prefill_attention(q, start, k, v, block_idx, block_size, return_lse=True, impl=impl)
+        o, lse = sparse_prefill_attention(
+            q, start, k, v, block_idx, block_size, return_lse=True, impl=impl
+        )
         assert o.dtype == dtype and o.shape == q.shape
         assert_close(o, dense_o.to(dtype), **TOLERANCES[dtype], what=f"{impl} o")
         assert_close(lse, dense_lse, atol=1e-4, rtol=1e-5, what=f"{impl} lse")
@@ -131,11 +155,21 @@ def test_sparse_decode_subset_matches_oracle(group, dtype):
     k, v = make_kv(n_tokens, dtype)
     q = make_q((HKV * group, HEAD_DIM), dtype)
     block_idx = torch.tensor([[0, 4, 5, 9, 12, -1], [0, 2, 11, 12, -1, -1]], dtype=torch.int32)
-    expected = oracle_attention(q[:, None], [n_tokens - 1], k, v,
-                                lambda h, pos: selected_keys(block_idx[h], block_size, pos), HEAD_DIM**-0.5)[:, 0]
+    expected = oracle_attention(
+        q[:, None],
+        [n_tokens - 1],
+        k,
+        v,
+        lambda h, pos: selected_keys(block_idx[h], block_size, pos),
+        HEAD_DIM**-0.5,
+    )[:, 0]
     for impl in ("reference", "cpu"):
-        assert_close(sparse_decode_attention(q, k, v, block_idx, block_size, impl=impl), expected.to(dtype),
-                     **TOLERANCES[dtype], what=impl)
+        assert_close(
+            sparse_decode_attention(q, k, v, block_idx, block_size, impl=impl),
+            expected.to(dtype),
+            **TOLERANCES[dtype],
+            what=impl,
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -146,7 +180,9 @@ def test_sparse_prefill_subset_matches_oracle(group, dtype):
     q = make_q((HKV * group, n_tokens - start, HEAD_DIM), dtype)
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(HKV, 5, n_tokens // block_size, generator=gen)
-    block_idx = select_query_blocks(scores, q_start=start, n_tokens=n_tokens, block_size=block_size, topk=1)
+    block_idx = select_query_blocks(
+        scores, q_start=start, n_tokens=n_tokens, block_size=block_size, topk=1
+    )
     assert (block_idx[:, -1] >= 0).sum(-1).tolist() == [3, 3]  # a proper subset of the 7 blocks
 
     def keys_of(h, pos):
@@ -154,8 +190,12 @@ def test_sparse_prefill_subset_matches_oracle(group, dtype):
 
     expected = oracle_attention(q, list(range(start, n_tokens)), k, v, keys_of, HEAD_DIM**-0.5)
     for impl in ("reference", "cpu"):
-        assert_close(sparse_prefill_attention(q, start, k, v, block_idx, block_size, impl=impl), expected.to(dtype),
-                     **TOLERANCES[dtype], what=impl)
+        assert_close(
+            sparse_prefill_attention(q, start, k, v, block_idx, block_size, impl=impl),
+            expected.to(dtype),
+            **TOLERANCES[dtype],
+            what=impl,
+        )
 
 
 def test_msa_decode_pipeline_matches_oracle():
@@ -165,10 +205,22 @@ def test_msa_decode_pipeline_matches_oracle():
     q = make_q((HKV * 3, HEAD_DIM), torch.float32)
     scores = score_blocks(q, block_summaries(k, block_size, "minmax"), "minmax")  # [Hkv, 18]
     block_idx = select_blocks(scores, n_tokens=n_tokens, block_size=block_size, topk=3)
-    assert block_idx.shape == (HKV, 5) and (block_idx[:, 0] == 0).all() and (block_idx[:, -1] == 18).all()
-    expected = oracle_attention(q[:, None], [n_tokens - 1], k, v,
-                                lambda h, pos: selected_keys(block_idx[h], block_size, pos), HEAD_DIM**-0.5)[:, 0]
-    assert_close(sparse_decode_attention(q, k, v, block_idx, block_size), expected, atol=1e-5, rtol=1e-5)
+    assert (
+        block_idx.shape == (HKV, 5)
+        and (block_idx[:, 0] == 0).all()
+        and (block_idx[:, -1] == 18).all()
+    )
+    expected = oracle_attention(
+        q[:, None],
+        [n_tokens - 1],
+        k,
+        v,
+        lambda h, pos: selected_keys(block_idx[h], block_size, pos),
+        HEAD_DIM**-0.5,
+    )[:, 0]
+    assert_close(
+        sparse_decode_attention(q, k, v, block_idx, block_size), expected, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_sparse_decode_empty_selection_gives_zero_and_minus_inf():
@@ -221,8 +273,14 @@ def test_limits_are_reported(monkeypatch):
     with pytest.raises(ValueError, match="block_idx must be"):
         sparse_decode_attention(q, k, v, torch.zeros(HKV + 1, 1, dtype=torch.int32), 16)
     with pytest.raises(ValueError, match="must lie in the cache"):
-        sparse_prefill_attention(make_q((6, 10, HEAD_DIM), torch.float32), 60, k, v,
-                                 torch.zeros(HKV, 2, 1, dtype=torch.int32), 16)
+        sparse_prefill_attention(
+            make_q((6, 10, HEAD_DIM), torch.float32),
+            60,
+            k,
+            v,
+            torch.zeros(HKV, 2, 1, dtype=torch.int32),
+            16,
+        )
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         sparse_decode_attention(q, k, v, idx, 16, impl="triton")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msa_kernels import decoder_step as ds
-from msa_kernels.testing import assert_close
-from msa_models.quantize import quantize_int4, quantize_int8, unpack_int4
+from msa.kernels import decoder_step as ds
+from msa.kernels.testing import assert_close
+from msa.models.quantize import quantize_int4, quantize_int8, unpack_int4
 
 HIDDEN, INTER, HEAD_DIM, N_LAYERS, CAP = 64, 96, 16, 3, 160
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -24,25 +24,35 @@ def extension():
 
 
 def linear(kind: int, n: int, k: int, gen: torch.Generator):
-    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    w = torch.randn(n, k, generator=gen) / k**0.5
     if kind == ds.FP32:
         return (kind, w, torch.empty(0), 0)
     if kind == ds.INT8:
         q, scale = quantize_int8(w)
         return (kind, q, scale.to(torch.bfloat16), 0)
     packed, scale, lo = quantize_int4(w, 32)
-    weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(packed).to(torch.int32), 1)
-    scales_zeros = torch.stack([scale.T, (lo + 8 * scale).T], dim=-1).to(torch.bfloat16).contiguous()
+    weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        unpack_int4(packed).to(torch.int32), 1
+    )
+    scales_zeros = (
+        torch.stack([scale.T, (lo + 8 * scale).T], dim=-1).to(torch.bfloat16).contiguous()
+    )
     return (kind, weight, scales_zeros, 32)
 
 
 def make_layers(kind: int, n_heads: int, n_kv_heads: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    return [dict(norm_in=torch.rand(HIDDEN, generator=gen) + 0.5, norm_post=torch.rand(HIDDEN, generator=gen) + 0.5,
-                 qkv=linear(kind, (n_heads + 2 * n_kv_heads) * HEAD_DIM, HIDDEN, gen),
-                 o=linear(kind, HIDDEN, n_heads * HEAD_DIM, gen),
-                 gate_up=linear(kind, 2 * INTER, HIDDEN, gen), down=linear(kind, HIDDEN, INTER, gen))
-            for _ in range(N_LAYERS)]
+    return [
+        dict(
+            norm_in=torch.rand(HIDDEN, generator=gen) + 0.5,
+            norm_post=torch.rand(HIDDEN, generator=gen) + 0.5,
+            qkv=linear(kind, (n_heads + 2 * n_kv_heads) * HEAD_DIM, HIDDEN, gen),
+            o=linear(kind, HIDDEN, n_heads * HEAD_DIM, gen),
+            gate_up=linear(kind, 2 * INTER, HIDDEN, gen),
+            down=linear(kind, HIDDEN, INTER, gen),
+        )
+        for _ in range(N_LAYERS)
+    ]
 
 
 def inv_freq():
@@ -69,20 +79,61 @@ def summaries(n_kv_heads: int, block_size: int, seed: int = 2):
     return torch.stack([pair.amin(3), pair.amax(3)], dim=3).contiguous()
 
 
-def run_both(extension, kind, n_heads, n_kv_heads, pos, settings=ds.StepSettings(), sums=None, absent=None,
-             load_blocks=None, fused_stores=None):
+def run_both(
+    extension,
+    kind,
+    n_heads,
+    n_kv_heads,
+    pos,
+    settings=ds.StepSettings(),
+    sums=None,
+    absent=None,
+    load_blocks=None,
+    fused_stores=None,
+):
     layers = make_layers(kind, n_heads, n_kv_heads)
     keys, values = stores(n_kv_heads)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
     x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
     cos, sin = angles_of(pos)
-    step = ds.DecoderStep(extension, layers, hidden=HIDDEN, intermediate=INTER, n_heads=n_heads,
-                          n_kv_heads=n_kv_heads, head_dim=HEAD_DIM, eps=1e-5, inv_freq=inv_freq())
-    expected = ds.decoder_step_reference(x, layers, keys, values, pos, cos, sin, n_heads=n_heads,
-                                         n_kv_heads=n_kv_heads, eps=1e-5, settings=settings, summaries=sums,
-                                         inv_freq=inv_freq())
-    actual = step.step(x.clone(), fk, fv, pos, cos, sin, settings, summaries=sums, absent=absent,
-                       load_blocks=load_blocks)
+    step = ds.DecoderStep(
+        extension,
+        layers,
+        hidden=HIDDEN,
+        intermediate=INTER,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=HEAD_DIM,
+        eps=1e-5,
+        inv_freq=inv_freq(),
+    )
+    expected = ds.decoder_step_reference(
+        x,
+        layers,
+        keys,
+        values,
+        pos,
+        cos,
+        sin,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        eps=1e-5,
+        settings=settings,
+        summaries=sums,
+        inv_freq=inv_freq(),
+    )
+    actual = step.step(
+        x.clone(),
+        fk,
+        fv,
+        pos,
+        cos,
+        sin,
+        settings,
+        summaries=sums,
+        absent=absent,
+        load_blocks=load_blocks,
+    )
     return actual, expected, (fk, fv), (keys, values)
 
 
@@ -102,9 +153,9 @@ MSA_CASES = [
     ds.StepSettings(0, 0, 8, 3, 1, 1, None),
     ds.StepSettings(0, 0, 8, 3, 1, 1, 1),
     ds.StepSettings(0, 0, 8, 3, 1, 1, 0),
-    ds.StepSettings(16, ds.NEVER, 8, 3, 1, 1, 1),     # far blocks at their true distances
-    ds.StepSettings(0, 64, 16, 2, 2, 0, 1),           # no sink, two local blocks, bounded from 64
-    ds.StepSettings(0, 0, 8, 40, 1, 1, 1),            # top-k takes every candidate: dense
+    ds.StepSettings(16, ds.NEVER, 8, 3, 1, 1, 1),  # far blocks at their true distances
+    ds.StepSettings(0, 64, 16, 2, 2, 0, 1),  # no sink, two local blocks, bounded from 64
+    ds.StepSettings(0, 0, 8, 40, 1, 1, 1),  # top-k takes every candidate: dense
 ]
 
 
@@ -121,7 +172,7 @@ def test_msa_step_matches_reference(extension, kind, settings, pos):
 def test_msa_ties_go_to_the_lower_block(extension):
     settings = ds.StepSettings(0, 0, 8, 2, 1, 1, None)
     sums = summaries(2, 8)
-    sums[:, :, 3:12] = sums[:, :, 3:4]          # nine blocks scored alike: top-2 must be 3 and 4
+    sums[:, :, 3:12] = sums[:, :, 3:4]  # nine blocks scored alike: top-2 must be 3 and 4
     actual, expected, _, _ = run_both(extension, ds.FP32, 6, 2, 120, settings, sums)
     assert_close(actual, expected, **TOL, what="hidden state with tied blocks")
 
@@ -133,7 +184,7 @@ def test_absent_blocks_are_loaded_then_read(extension):
     sums = summaries(2, 8)
     keys, values = stores(2)
     absent = torch.zeros(N_LAYERS, CAP // 8, dtype=torch.bool)
-    absent[:, 1:15] = True                       # restored, not read: everything but sink and the end
+    absent[:, 1:15] = True  # restored, not read: everything but sink and the end
     fk, fv = [k.clone() for k in keys], [v.clone() for v in values]
     for layer in range(N_LAYERS):
         for store in (fk[layer], fv[layer]):
@@ -143,14 +194,26 @@ def test_absent_blocks_are_loaded_then_read(extension):
     def load_blocks(layer, ids):
         asked.append((layer, sorted(ids)))
         for b in ids:
-            fk[layer][:, b * 8:(b + 1) * 8] = keys[layer][:, b * 8:(b + 1) * 8]
-            fv[layer][:, b * 8:(b + 1) * 8] = values[layer][:, b * 8:(b + 1) * 8]
+            fk[layer][:, b * 8 : (b + 1) * 8] = keys[layer][:, b * 8 : (b + 1) * 8]
+            fv[layer][:, b * 8 : (b + 1) * 8] = values[layer][:, b * 8 : (b + 1) * 8]
             absent[layer, b] = False
 
-    actual, expected, _, _ = run_both(extension, ds.FP32, 6, 2, 140, settings, sums, absent=absent,
-                                      load_blocks=load_blocks, fused_stores=(fk, fv))
+    actual, expected, _, _ = run_both(
+        extension,
+        ds.FP32,
+        6,
+        2,
+        140,
+        settings,
+        sums,
+        absent=absent,
+        load_blocks=load_blocks,
+        fused_stores=(fk, fv),
+    )
     assert_close(actual, expected, **TOL, what="hidden state after loading")
-    assert [layer for layer, _ in asked] == sorted({layer for layer, _ in asked}), "one request per layer"
+    assert [layer for layer, _ in asked] == sorted({layer for layer, _ in asked}), (
+        "one request per layer"
+    )
     assert asked and all(ids and all(1 <= b < 15 for b in ids) for _, ids in asked)
     assert absent[:, 1:15].sum() > 0, "blocks never selected stay absent"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msa_kernels import block_summaries, score_blocks, score_query_blocks
-from msa_kernels.testing import assert_close
+from msa.kernels import block_summaries, score_blocks, score_query_blocks
+from msa.kernels.testing import assert_close
 
 HKV, HEAD_DIM = 2, 16
 
@@ -64,7 +64,7 @@ def test_pooled_scores_are_the_scores_of_each_query_blocks_mean_query():
     """query_reduce="pool" on a chunk spanning query blocks 5 (part), 6 and 7 (part) equals
     scoring, one at a time, the mean query of each block's slice of the chunk."""
     summaries = block_summaries(randn(HKV, 160, HEAD_DIM), 16)
-    q = randn(HKV * 3, 37, HEAD_DIM, seed=3)                     # positions 90 .. 126
+    q = randn(HKV * 3, 37, HEAD_DIM, seed=3)  # positions 90 .. 126
     got = score_query_blocks(q, 90, summaries, 16, query_reduce="pool")
     assert got.shape == (HKV, 3, 10)
     for j, (lo, hi) in enumerate([(0, 6), (6, 22), (22, 37)]):
@@ -90,8 +90,9 @@ def test_mean_score_is_mean_of_dot_products():
 def test_group_and_query_reductions():
     summaries = block_summaries(randn(1, 64, HEAD_DIM), 16, "mean")
     q = randn(3, 5, HEAD_DIM, seed=1)  # one KV group of 3 heads, 5 queries
-    per_head_query = torch.stack([score_blocks(q[h, t][None], summaries, "mean")[0] for h in range(3)
-                                  for t in range(5)]).view(3, 5, 4)
+    per_head_query = torch.stack(
+        [score_blocks(q[h, t][None], summaries, "mean")[0] for h in range(3) for t in range(5)]
+    ).view(3, 5, 4)
     got = score_blocks(q, summaries, "mean", group_reduce="sum", query_reduce="max")
     assert_close(got[0], per_head_query.sum(0).amax(0), atol=1e-5, rtol=1e-5)
     got = score_blocks(q, summaries, "mean", group_reduce="max", query_reduce="sum")
@@ -105,7 +106,9 @@ def test_query_block_scores_reduce_each_query_block(impl):
     got = score_query_blocks(q, 27, summaries, 16, impl=impl)
     assert got.shape == (HKV, 4, 10)
     for j, (lo, hi) in enumerate([(0, 5), (5, 21), (21, 37), (37, 40)]):
-        assert_close(got[:, j], score_blocks(q[:, lo:hi], summaries, impl=impl), atol=1e-5, rtol=1e-5)
+        assert_close(
+            got[:, j], score_blocks(q[:, lo:hi], summaries, impl=impl), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_scoring_limits_are_reported():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msa_kernels import select_blocks, select_query_blocks, selection_width
+from msa.kernels import select_blocks, select_query_blocks, selection_width
 
 B = 16
 
@@ -30,7 +30,9 @@ def check_rules(row, *, n_tokens, topk, local_blocks, sink_blocks, first_query_p
     assert set(range(local_start, last + 1)) <= set(ids), "local window kept"
     assert set(range(min(sink_blocks, local_start))) <= set(ids), "sink kept"
     n_candidates = max(0, local_start - min(sink_blocks, local_start))
-    assert len(ids) == min(sink_blocks, local_start) + min(topk, n_candidates) + (last - local_start + 1)
+    assert len(ids) == min(sink_blocks, local_start) + min(topk, n_candidates) + (
+        last - local_start + 1
+    )
 
 
 CASES = [  # n_tokens, topk, local_blocks, sink_blocks, first_query_pos
@@ -48,24 +50,44 @@ CASES = [  # n_tokens, topk, local_blocks, sink_blocks, first_query_pos
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("n_tokens,topk,local_blocks,sink_blocks,first_query_pos", CASES)
-def test_selection_rules_and_cpu_matches_reference(n_tokens, topk, local_blocks, sink_blocks, first_query_pos, ties):
-    kw = dict(n_tokens=n_tokens, block_size=B, topk=topk, local_blocks=local_blocks, sink_blocks=sink_blocks,
-              first_query_pos=first_query_pos)
+def test_selection_rules_and_cpu_matches_reference(
+    n_tokens, topk, local_blocks, sink_blocks, first_query_pos, ties
+):
+    kw = dict(
+        n_tokens=n_tokens,
+        block_size=B,
+        topk=topk,
+        local_blocks=local_blocks,
+        sink_blocks=sink_blocks,
+        first_query_pos=first_query_pos,
+    )
     scores = random_scores(3, n_tokens // B, ties=ties)
     ref = select_blocks(scores, **kw, impl="reference")
     cpu = select_blocks(scores, **kw, impl="cpu")
     assert ref.dtype == cpu.dtype == torch.int32
     assert torch.equal(cpu, ref)
     assert torch.equal(select_blocks(scores, **kw), cpu), "deterministic"
-    n_qblocks = (n_tokens - 1) // B - (n_tokens - 1 if first_query_pos is None else first_query_pos) // B + 1
+    n_qblocks = (
+        (n_tokens - 1) // B
+        - (n_tokens - 1 if first_query_pos is None else first_query_pos) // B
+        + 1
+    )
     assert cpu.shape == (3, selection_width(topk, local_blocks, sink_blocks, n_qblocks))
     for row in cpu:
-        check_rules(row, n_tokens=n_tokens, topk=topk, local_blocks=local_blocks, sink_blocks=sink_blocks,
-                    first_query_pos=first_query_pos)
+        check_rules(
+            row,
+            n_tokens=n_tokens,
+            topk=topk,
+            local_blocks=local_blocks,
+            sink_blocks=sink_blocks,
+            first_query_pos=first_query_pos,
+        )
 
 
 def test_top_scores_win_and_ties_go_to_the_lower_index():
-    scores = torch.tensor([[9.0, 1.0, 5.0, 7.0, 5.0, 5.0, 0.0, 9.0, 9.0, 9.0]])  # blocks 0..9, 9 is local
+    scores = torch.tensor(
+        [[9.0, 1.0, 5.0, 7.0, 5.0, 5.0, 0.0, 9.0, 9.0, 9.0]]
+    )  # blocks 0..9, 9 is local
     for impl in ("reference", "cpu"):
         got = select_blocks(scores, n_tokens=10 * B, block_size=B, topk=3, impl=impl)
         # sink 0; candidates 1..8: 7 and 8 (9.0), then 3 (7.0); 9 is local.
@@ -92,14 +114,22 @@ def test_scores_beyond_the_query_are_ignored():
 def test_query_blocks_select_as_select_blocks_per_query_block(impl):
     start, n_tokens = 37, 130  # query blocks 2 .. 8
     scores = random_scores(3, 7, n_tokens // B, seed=4, ties=True)
-    got = select_query_blocks(scores, q_start=start, n_tokens=n_tokens, block_size=B, topk=2, local_blocks=2,
-                              impl=impl)
+    got = select_query_blocks(
+        scores, q_start=start, n_tokens=n_tokens, block_size=B, topk=2, local_blocks=2, impl=impl
+    )
     assert got.shape == (3, 7, selection_width(2, 2, 1))
     for j, block in enumerate(range(2, 9)):
         first_pos = max(start, block * B)
         last_pos = min(n_tokens - 1, (block + 1) * B - 1)
-        expected = select_blocks(scores[:, j], n_tokens=last_pos + 1, block_size=B, topk=2, local_blocks=2,
-                                 first_query_pos=first_pos, impl="reference")
+        expected = select_blocks(
+            scores[:, j],
+            n_tokens=last_pos + 1,
+            block_size=B,
+            topk=2,
+            local_blocks=2,
+            first_query_pos=first_pos,
+            impl="reference",
+        )
         assert torch.equal(got[:, j], expected)
 
 

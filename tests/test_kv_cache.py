@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_close
 from tiny_checkpoints import tiny_model
-from msa_models.kv_cache import KVCache
+
+from msa.models.kv_cache import KVCache
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (8, 1)])
@@ -16,7 +16,7 @@ def test_token_by_token_equals_full_forward(heads, kv_heads):
     tokens = torch.randint(0, model.config.vocab_size, (37,))
     full = model(tokens, model.new_cache(), all_logits=True)
     cache = model.new_cache()
-    steps = torch.stack([model(tokens[i:i + 1], cache) for i in range(len(tokens))])
+    steps = torch.stack([model(tokens[i : i + 1], cache) for i in range(len(tokens))])
     assert_close(steps, full, atol=1e-4, what="token by token")
     assert cache.length == 37
 
@@ -26,8 +26,11 @@ def test_chunked_prefill_then_decode_equals_full_forward():
     tokens = torch.randint(0, model.config.vocab_size, (50,))
     full = model(tokens, model.new_cache(), all_logits=True)
     cache = model.new_cache()
-    pieces = [model(tokens[s:s + 16], cache, all_logits=True) for s in range(0, 48, 16)]
-    pieces += [model(tokens[48:49], cache, all_logits=True), model(tokens[49:50], cache, all_logits=True)]
+    pieces = [model(tokens[s : s + 16], cache, all_logits=True) for s in range(0, 48, 16)]
+    pieces += [
+        model(tokens[48:49], cache, all_logits=True),
+        model(tokens[49:50], cache, all_logits=True),
+    ]
     assert_close(torch.cat(pieces), full, atol=1e-4, what="chunks")
 
 
@@ -56,7 +59,7 @@ def test_exported_blocks_rebuild_the_same_cache():
     tokens = torch.randint(0, model.config.vocab_size, (40,))
     cache = model.new_cache()
     model(tokens, cache)
-    blocks = [cache.export_block(b) for b in range(3)]           # 16 + 16 + 8 tokens
+    blocks = [cache.export_block(b) for b in range(3)]  # 16 + 16 + 8 tokens
     assert blocks[2]["k"].shape == (2, 2, 8, model.config.head_dim)
     rebuilt = model.new_cache()
     for b, block in enumerate(blocks):
@@ -71,8 +74,11 @@ def test_exported_blocks_rebuild_the_same_cache():
 def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
     model = tiny_model()
     tokens = torch.randint(0, model.config.vocab_size, (90,))
-    def in_two_chunks(cache):   # the same chunks both times: only the storage differs
-        return torch.cat([model(tokens[:50], cache, all_logits=True), model(tokens[50:], cache, all_logits=True)])
+
+    def in_two_chunks(cache):  # the same chunks both times: only the storage differs
+        return torch.cat(
+            [model(tokens[:50], cache, all_logits=True), model(tokens[50:], cache, all_logits=True)]
+        )
 
     in_memory = in_two_chunks(model.new_cache())
     store = tmp_path / "kv"
@@ -83,33 +89,35 @@ def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
 
 
 def test_int8_rows_are_rounded_within_half_a_step():
-    from msa_models.kv_int8 import quantize_rows, requantize_rows, round_rows
+    from msa.models.kv_int8 import quantize_rows, requantize_rows, round_rows
 
     x = torch.randn(3, 50, 64) * torch.linspace(0.01, 10, 50)[None, :, None]
-    x[1, 7] = 0                                                   # an all-zero row
+    x[1, 7] = 0  # an all-zero row
     q, scale = quantize_rows(x)
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127
-    for h, t in [(0, 0), (2, 49), (1, 7)]:                        # the definition, one row at a time
+    for h, t in [(0, 0), (2, 49), (1, 7)]:  # the definition, one row at a time
         step = float(x[h, t].abs().max()) / 127
         assert float(scale[h, t]) == pytest.approx(step, rel=1e-6)
     rounded, _ = round_rows(x)
     assert torch.all((rounded - x).abs() <= scale[..., None] / 2 * (1 + 1e-5) + 1e-30)
     assert torch.equal(rounded[1, 7], torch.zeros(64))
-    for dtype in (torch.float32, torch.bfloat16):                 # codes come back exactly from the rounded rows
+    for dtype in (torch.float32, torch.bfloat16):  # codes come back exactly from the rounded rows
         r, s = round_rows(x.to(dtype))
         assert torch.equal(requantize_rows(r, s), quantize_rows(x.to(dtype))[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
-    from msa_models.attention_settings import AttentionSettings
+    from msa.models.attention_settings import AttentionSettings
 
     model = tiny_model().to(dtype)
     tokens = torch.randint(0, model.config.vocab_size, (40,))
     int8 = AttentionSettings(mode="dense", kv_dtype="int8")
     cache = model.new_cache(settings=int8)
     logits_int8 = model(tokens, cache, all_logits=True).float()
-    logits_full = model(tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True).float()
+    logits_full = model(
+        tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True
+    ).float()
     # rounding K/V to int8 changes the logits a little, not the model
     assert (logits_int8 - logits_full).abs().max() < 0.02 * logits_full.abs().max()
     assert not torch.equal(logits_int8, logits_full)
@@ -120,13 +128,15 @@ def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
         rebuilt.import_block(b, block)
     nxt = torch.tensor([5])
     assert torch.equal(model(nxt, rebuilt), model(nxt, cache))
-    with pytest.raises(ValueError, match="does not fit"):            # int8 blocks never enter a full-precision cache
+    with pytest.raises(
+        ValueError, match="does not fit"
+    ):  # int8 blocks never enter a full-precision cache
         model.new_cache(settings=AttentionSettings(mode="dense")).import_block(0, blocks[0])
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
 def test_restored_blocks_are_copied_in_only_when_attention_reads_them(kv_dtype):
-    from msa_models.attention_settings import AttentionSettings
+    from msa.models.attention_settings import AttentionSettings
 
     model = tiny_model()
     msa = AttentionSettings(mode="msa", topk=2, local_blocks=1, sink_blocks=1, kv_dtype=kv_dtype)
@@ -140,13 +150,21 @@ def test_restored_blocks_are_copied_in_only_when_attention_reads_them(kv_dtype):
     assert restored.unread_blocks == model.config.num_hidden_layers * n_blocks
     question = torch.tensor([5, 9, 2])
     # the same logits as the cache that computed the blocks, bit for bit ...
-    assert torch.equal(model(question, restored, all_logits=True), model(question, cache, all_logits=True))
+    assert torch.equal(
+        model(question, restored, all_logits=True), model(question, cache, all_logits=True)
+    )
     # ... having read only what the question's queries selected: the partial last block (their
     # local window), sink, and top-k of 21 blocks, per layer
     loaded = model.config.num_hidden_layers * n_blocks - restored.unread_blocks
-    assert 0 < loaded <= model.config.num_hidden_layers * model.config.num_key_value_heads * (2 + 1 + 1)
-    for step in (7, 3):                                   # decode steps go on reading only what they select
-        assert torch.equal(model(torch.tensor([step]), restored), model(torch.tensor([step]), cache))
+    assert (
+        0
+        < loaded
+        <= model.config.num_hidden_layers * model.config.num_key_value_heads * (2 + 1 + 1)
+    )
+    for step in (7, 3):  # decode steps go on reading only what they select
+        assert torch.equal(
+            model(torch.tensor([step]), restored), model(torch.tensor([step]), cache)
+        )
     assert restored.unread_blocks > 0
     # exporting, reading a block, and a plain write see every restored row
     for b in range(n_blocks):
@@ -156,28 +174,32 @@ def test_restored_blocks_are_copied_in_only_when_attention_reads_them(kv_dtype):
 
 
 def test_a_plain_write_and_a_cut_through_a_restored_block_see_its_rows():
-    from msa_models.attention_settings import AttentionSettings
+    from msa.models.attention_settings import AttentionSettings
 
     model = tiny_model()
     msa = AttentionSettings(mode="msa", topk=2)
     cache = model.new_cache(settings=msa)
     model(torch.randint(0, model.config.vocab_size, (100,)), cache)
     restored = model.new_cache(settings=msa)
-    for b in range(7):                                    # 6 full blocks and 4 tokens
+    for b in range(7):  # 6 full blocks and 4 tokens
         restored.import_block(b, cache.export_block(b))
     head_dim, hkv = model.config.head_dim, model.config.num_key_value_heads
     new = torch.randn(hkv, 1, head_dim)
-    keys, values = restored.write(0, new, new)            # a reader that reads every row
-    assert torch.equal(keys[:, :100], cache.k[0][:, :100]) and torch.equal(values[:, :100], cache.v[0][:, :100])
-    restored.truncate(40)                                 # cuts block 2 in two: its head stays
+    keys, values = restored.write(0, new, new)  # a reader that reads every row
+    assert torch.equal(keys[:, :100], cache.k[0][:, :100]) and torch.equal(
+        values[:, :100], cache.v[0][:, :100]
+    )
+    restored.truncate(40)  # cuts block 2 in two: its head stays
     cache.truncate(40)
-    assert restored.unread_blocks == 2 * (model.config.num_hidden_layers - 1)   # blocks 0 and 1 past layer 0
+    assert restored.unread_blocks == 2 * (
+        model.config.num_hidden_layers - 1
+    )  # blocks 0 and 1 past layer 0
     nxt = torch.tensor([3, 4])
     assert torch.equal(model(nxt, restored, all_logits=True), model(nxt, cache, all_logits=True))
 
 
 def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch):
-    from msa_models import kv_cache
+    from msa.models import kv_cache
 
     monkeypatch.setattr(kv_cache, "MAX_UNREAD_BLOCKS", 2)
     model = tiny_model()
@@ -186,6 +208,6 @@ def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch
     restored = model.new_cache()
     for b in range(5):
         restored.import_block(b, cache.export_block(b))
-    assert restored.unread_blocks == 2 * model.config.num_hidden_layers       # blocks 0 and 1
+    assert restored.unread_blocks == 2 * model.config.num_hidden_layers  # blocks 0 and 1
     for layer in range(model.config.num_hidden_layers):
         assert torch.equal(restored.k[layer][:, 32:70], cache.k[layer][:, 32:70])

@@ -6,32 +6,46 @@ import json
 
 import pytest
 import torch
-
 from conftest import assert_close
-from msa_models import ModelConfig, ModelError
-from msa_models.loading import load_model
 from tiny_checkpoints import CHAT_TEMPLATE, random_llama_weights, write_tiny_gguf
+
+from msa.models import ModelConfig, ModelError
+from msa.models.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 
 
 def tiny_config(**kw) -> ModelConfig:
     # head_dim 32 (hidden 192 / 6 heads): every tensor row is a multiple of GGUF's block of 32
-    base = dict(vocab_size=262, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
-                max_position_embeddings=256, tie_word_embeddings=True)
+    base = dict(
+        vocab_size=262,
+        hidden_size=192,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
 
-def hf_llama(config: ModelConfig, weights) -> "transformers.LlamaForCausalLM":
+def hf_llama(config: ModelConfig, weights) -> transformers.LlamaForCausalLM:
     hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-        rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
         max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     model = transformers.LlamaForCausalLM(hf_config).eval()
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -54,24 +68,35 @@ def test_gguf_f32_matches_transformers(tmp_path):
     ids = loaded.tokenizer.encode("hello <|im_end|> world")
     assert 2 in ids  # the control token is parsed whole
     actual = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
-    assert_close(actual, reference_logits(hf_llama(config, weights), ids), atol=1e-4, what="gguf f32")
+    assert_close(
+        actual, reference_logits(hf_llama(config, weights), ids), atol=1e-4, what="gguf f32"
+    )
     # the second load maps the converted copy and gives the same model
     again = load_model(str(path), converted_root=tmp_path / "converted", fuse=False)
     loaded = load_model(str(path), converted_root=tmp_path / "converted", fuse=False)
     assert again.digest == loaded.digest
-    assert torch.equal(again.model.layers[1].self_attn.k_proj.weight, loaded.model.layers[1].self_attn.k_proj.weight)
+    assert torch.equal(
+        again.model.layers[1].self_attn.k_proj.weight,
+        loaded.model.layers[1].self_attn.k_proj.weight,
+    )
 
 
-@pytest.mark.parametrize("qtype,tolerance", [("F16", 1e-3), ("Q8_0", 0.01), ("Q4_1", 0.05), ("Q4_0", 0.08)])
+@pytest.mark.parametrize(
+    "qtype,tolerance", [("F16", 1e-3), ("Q8_0", 0.01), ("Q4_1", 0.05), ("Q4_0", 0.08)]
+)
 def test_gguf_quantized_weights_dequantize_near_the_originals(tmp_path, qtype, tolerance):
     config = tiny_config()
     weights = random_llama_weights(config)
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, config, weights, qtype=qtype)
-    assert load_model(str(path), converted_root=None).weights == ("int4" if qtype == "Q4_1" else "fp32")  # as stored
+    assert load_model(str(path), converted_root=None).weights == (
+        "int4" if qtype == "Q4_1" else "fp32"
+    )  # as stored
     loaded = load_model(str(path), converted_root=None, fuse=False, quant="none")
-    for ours, theirs in [("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
-                         ("layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight")]:
+    for ours, theirs in [
+        ("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
+        ("layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+    ]:
         got = dict(loaded.model.named_parameters())[ours]
         # tolerance: a fraction of the weights' spread (~0.1), by the format's step size
         assert_close(got, weights[theirs], atol=tolerance, what=f"{qtype} {ours}")
@@ -100,7 +125,9 @@ def test_hf_directory_matches_transformers(tmp_path, embedded):
     folder = tmp_path / "tiny-llama"
     hf_model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(embedded.tokenizer.to_json())
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"})
+    )
     loaded = load_model(str(folder))
     ids = loaded.tokenizer.encode("The capital of France is")
     actual = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
@@ -118,21 +145,21 @@ def test_remembered_file_digests_follow_every_change_of_the_file(tmp_path, monke
     import os
     import time
 
-    from msa_models import digests
-    from msa_models.digests import file_digest
+    from msa.models import digests
+    from msa.models.digests import file_digest
 
     f, memo = tmp_path / "weights.bin", tmp_path / "digests"
     f.write_bytes(b"a" * 1000)
     file_digest(f, memo)
-    assert not memo.exists()                          # just written: not remembered yet
+    assert not memo.exists()  # just written: not remembered yet
     monkeypatch.setattr(digests, "SETTLED_NS", 0)
     assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest() == file_digest(f)
     assert len(list(memo.iterdir())) == 1
-    assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest()      # from the memo
+    assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest()  # from the memo
     before = f.stat()
-    time.sleep(0.05)                                  # past the file clock's tick
-    f.write_bytes(b"b" * 1000)                        # same size, mtime set back: the change time still moves
+    time.sleep(0.05)  # past the file clock's tick
+    f.write_bytes(b"b" * 1000)  # same size, mtime set back: the change time still moves
     os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert file_digest(f, memo) == hashlib.sha256(b"b" * 1000).hexdigest()
-    next(memo.iterdir()).write_text("{not json")      # a damaged memo is ignored and rewritten
+    next(memo.iterdir()).write_text("{not json")  # a damaged memo is ignored and rewritten
     assert file_digest(f, memo) == hashlib.sha256(b"b" * 1000).hexdigest()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_close
 
 pytestmark = pytest.mark.slow
@@ -33,7 +32,9 @@ def test_logits_match_transformers(embedded_fp32, hf_reference):
         ids = embedded_fp32.tokenizer.encode(text)
         with torch.no_grad():
             expected = hf_model(torch.tensor([ids])).logits[0]
-        actual = embedded_fp32.model(torch.tensor(ids), embedded_fp32.model.new_cache(), all_logits=True)
+        actual = embedded_fp32.model(
+            torch.tensor(ids), embedded_fp32.model.new_cache(), all_logits=True
+        )
         # both dequantize the same Q4_1/Q8_0 weights to fp32; observed max error ~5e-5 on logits of ~30
         assert_close(actual, expected, atol=2e-3, rtol=1e-4, what=repr(text[:20]))
         assert torch.equal(actual.argmax(-1), expected.argmax(-1))
@@ -50,7 +51,11 @@ def test_default_int4_logits_near_transformers(embedded, hf_reference):
         ids = embedded.tokenizer.encode(text)
         with torch.no_grad():
             expected = hf_model(torch.tensor([ids])).logits[0].log_softmax(-1)
-        actual = embedded.model(torch.tensor(ids), embedded.model.new_cache(), all_logits=True).float().log_softmax(-1)
+        actual = (
+            embedded.model(torch.tensor(ids), embedded.model.new_cache(), all_logits=True)
+            .float()
+            .log_softmax(-1)
+        )
         kl = (expected.exp() * (expected - actual)).sum(-1)
         assert kl.max() < 0.05, (text[:20], kl.max())
         agree += int((actual.argmax(-1) == expected.argmax(-1)).sum())
@@ -61,7 +66,9 @@ def test_default_int4_logits_near_transformers(embedded, hf_reference):
 def test_token_ids_match_transformers(embedded, hf_reference):
     _, hf_tok = hf_reference
     for text in TEXTS:
-        assert embedded.tokenizer.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"], text
+        assert (
+            embedded.tokenizer.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"]
+        ), text
 
 
 def test_digits_split_as_the_published_smollm2_tokenizer(embedded, hf_reference):
@@ -72,13 +79,18 @@ def test_digits_split_as_the_published_smollm2_tokenizer(embedded, hf_reference)
     _, hf_tok = hf_reference
     backend = hf_tok.backend_tokenizer
     saved = backend.pre_tokenizer
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     try:
         for text in WITH_DIGITS + TEXTS:
-            assert embedded.tokenizer.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"], text
+            assert (
+                embedded.tokenizer.encode(text)
+                == hf_tok(text, add_special_tokens=False)["input_ids"]
+            ), text
     finally:
         backend.pre_tokenizer = saved
 

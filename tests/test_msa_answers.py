@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from msa_cli.evals import ANSWER_TOKENS, QUESTION, passkey_document
-from msa_cli.generate import Generation, prefill
-from msa_cli.prompt import build_prompt
-from msa_cli.sampling import Sampler
-from msa_models.attention_settings import AttentionSettings
+from msa.evals import ANSWER_TOKENS, QUESTION, passkey_document
+from msa.generate import Generation, prefill
+from msa.models.attention_settings import AttentionSettings
+from msa.prompt import build_prompt
+from msa.sampling import Sampler
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,15 @@ KEY = 48151
 
 
 def _answer(loaded, prompt, mode: str) -> str:
-    cache = loaded.model.new_cache(capacity=len(prompt.ids) + ANSWER_TOKENS, settings=AttentionSettings(mode=mode))
-    prefill(loaded.model, cache, prompt.ids[:prompt.context_length])
+    cache = loaded.model.new_cache(
+        capacity=len(prompt.ids) + ANSWER_TOKENS, settings=AttentionSettings(mode=mode)
+    )
+    prefill(loaded.model, cache, prompt.ids[: prompt.context_length])
     logits = prefill(loaded.model, cache, prompt.tail)
     tok = loaded.tokenizer
-    return tok.decode(list(Generation(loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS, tok.eos_ids)))
+    return tok.decode(
+        list(Generation(loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS, tok.eos_ids))
+    )
 
 
 def test_msa_finds_the_key_past_the_trained_context_where_dense_does_not(embedded):
@@ -36,6 +40,6 @@ def test_msa_finds_the_key_past_the_trained_context_where_dense_does_not(embedde
     prompt = build_prompt(tok, passkey_document(tok, 10_000, 0.1, KEY), QUESTION)
     assert len(prompt.ids) > embedded.config.max_position_embeddings
     dense = _answer(embedded, prompt, "dense")
-    assert str(KEY) not in dense, dense                   # the baseline fails ...
+    assert str(KEY) not in dense, dense  # the baseline fails ...
     msa = _answer(embedded, prompt, "auto")
-    assert str(KEY) in msa, msa                           # ... and MSA answers
+    assert str(KEY) in msa, msa  # ... and MSA answers

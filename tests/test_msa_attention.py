@@ -6,39 +6,53 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_close
 from tiny_checkpoints import tiny_model
-from msa_models.attention_settings import AttentionSettings
-from msa_models.layers import RotaryEmbedding, apply_rope
-from msa_models.msa import _select, _sparse_repositioned
+
+from msa.models.attention_settings import AttentionSettings
+from msa.models.layers import RotaryEmbedding, apply_rope
+from msa.models.msa import _select, _sparse_repositioned
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (3, 3), (8, 1)])
 @pytest.mark.parametrize("n_tokens", [37, 200])
 @pytest.mark.parametrize("bounded_from", [0, 10**9], ids=["bounded", "true-positions"])
 def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens, bounded_from):
-    model = tiny_model(num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=16 * heads)
+    model = tiny_model(
+        num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=16 * heads
+    )
     tokens = torch.randint(0, model.config.vocab_size, (n_tokens + 3,))
     dense = model.new_cache(settings=AttentionSettings(mode="dense"))
-    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from))
+    msa = model.new_cache(
+        settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from)
+    )
     for cache in (dense, msa):
-        cache.logits = [model(tokens[s:s + 48], cache, all_logits=True) for s in range(0, n_tokens, 48)]
-        cache.logits += [model(tokens[i:i + 1], cache, all_logits=True) for i in range(n_tokens, n_tokens + 3)]
+        cache.logits = [
+            model(tokens[s : s + 48], cache, all_logits=True) for s in range(0, n_tokens, 48)
+        ]
+        cache.logits += [
+            model(tokens[i : i + 1], cache, all_logits=True) for i in range(n_tokens, n_tokens + 3)
+        ]
     # fp32; observed max difference ~1e-6 (only summation order differs)
     assert_close(torch.cat(msa.logits), torch.cat(dense.logits), atol=1e-4, what="msa vs dense")
 
 
 @pytest.mark.parametrize("bounded_from", [0, 10**9], ids=["bounded", "true-positions"])
 def test_msa_selecting_every_block_equals_dense_in_bf16(bounded_from):
-    model = tiny_model(num_attention_heads=6, num_key_value_heads=2, hidden_size=96).to(torch.bfloat16)
+    model = tiny_model(num_attention_heads=6, num_key_value_heads=2, hidden_size=96).to(
+        torch.bfloat16
+    )
     tokens = torch.randint(0, model.config.vocab_size, (203,))
     dense = model.new_cache(settings=AttentionSettings(mode="dense"))
-    msa = model.new_cache(settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from))
+    msa = model.new_cache(
+        settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from)
+    )
     assert dense.dtype == msa.dtype == torch.bfloat16
     for cache in (dense, msa):
-        cache.logits = [model(tokens[s:s + 48], cache, all_logits=True) for s in range(0, 200, 48)]
-        cache.logits += [model(tokens[i:i + 1], cache, all_logits=True) for i in range(200, 203)]
+        cache.logits = [
+            model(tokens[s : s + 48], cache, all_logits=True) for s in range(0, 200, 48)
+        ]
+        cache.logits += [model(tokens[i : i + 1], cache, all_logits=True) for i in range(200, 203)]
     got, want = torch.cat(msa.logits), torch.cat(dense.logits)
     # bf16 keeps 8 bits of mantissa and the two paths round in other places: logits |x| <= ~2,
     # observed max difference 0.012 (one or two bf16 steps); the bound is a few steps more
@@ -52,9 +66,11 @@ def test_sparse_msa_differs_from_dense_and_is_deterministic():
     settings = AttentionSettings(mode="msa", topk=2)
     a = model(tokens, model.new_cache(settings=settings), all_logits=True)
     b = model(tokens, model.new_cache(settings=settings), all_logits=True)
-    dense = model(tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True)
+    dense = model(
+        tokens, model.new_cache(settings=AttentionSettings(mode="dense")), all_logits=True
+    )
     assert torch.equal(a, b)
-    assert (a[-1] - dense[-1]).abs().max() > 1e-3       # it really is sparse
+    assert (a[-1] - dense[-1]).abs().max() > 1e-3  # it really is sparse
     assert_close(a[:48], dense[:48], atol=1e-4, what="first blocks select everything")
 
 
@@ -63,12 +79,16 @@ def test_block_kv_does_not_depend_on_what_follows():
     tokens = torch.randint(0, model.config.vocab_size, (400,))
     settings = AttentionSettings(mode="auto", dense_tokens=64, topk=3)
     short, long = model.new_cache(settings=settings), model.new_cache(settings=settings)
-    model(tokens[:160], short)                    # ends on a block boundary
-    for s in range(0, 400, 96):                   # other chunking, more text after
-        model(tokens[s:s + 96], long)
+    model(tokens[:160], short)  # ends on a block boundary
+    for s in range(0, 400, 96):  # other chunking, more text after
+        model(tokens[s : s + 96], long)
     for layer in range(model.config.num_hidden_layers):
-        assert_close(long.k[layer][:, :160], short.k[layer][:, :160], atol=1e-5, what=f"k layer {layer}")
-        assert_close(long.v[layer][:, :160], short.v[layer][:, :160], atol=1e-5, what=f"v layer {layer}")
+        assert_close(
+            long.k[layer][:, :160], short.k[layer][:, :160], atol=1e-5, what=f"k layer {layer}"
+        )
+        assert_close(
+            long.v[layer][:, :160], short.v[layer][:, :160], atol=1e-5, what=f"v layer {layer}"
+        )
 
 
 def _repositioned_reference(q_pre, k_pre, v, idx, q_start, block_size, local_blocks, rope):
@@ -99,7 +119,7 @@ def _repositioned_reference(q_pre, k_pre, v, idx, q_start, block_size, local_blo
             k = apply_rope(k_pre[h // g, tokens][None], cos, sin)[0]
             qcos, qsin = rope.cos_sin(torch.tensor([p + base]))
             q = apply_rope(q_pre[h, i][None, None], qcos, qsin)[0, 0]
-            w = torch.softmax((k @ q) / d ** 0.5, dim=0)
+            w = torch.softmax((k @ q) / d**0.5, dim=0)
             out[h, i] = w @ v[h // g, tokens]
     return out
 
@@ -112,24 +132,30 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     rope = RotaryEmbedding(d, 10000.0)
     q_pre, k_pre, v = torch.randn(hq, tq, d), torch.randn(hkv, n, d), torch.randn(hkv, n, d)
     cos, sin = rope.cos_sin(torch.arange(n))
-    keys = apply_rope(k_pre, cos, sin)                              # the cache holds rotated keys
+    keys = apply_rope(k_pre, cos, sin)  # the cache holds rotated keys
     q = apply_rope(q_pre, cos[q_start:], sin[q_start:])
     settings = AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=1, bounded_from=64)
-    from msa_kernels import block_summaries
+    from msa.kernels import block_summaries
 
     summaries = block_summaries(keys, block, "minmax")
     idx = _select(q, q_start, summaries, settings, block)
     got = _sparse_repositioned(q, q_start, keys, v, idx, settings, block, rope)
-    expected = _repositioned_reference(q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope)
+    expected = _repositioned_reference(
+        q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope
+    )
     assert_close(got, expected, atol=1e-4, what="repositioned")
 
 
 def test_past_the_trained_context_runs_with_bounded_positions():
     model = tiny_model(max_position_embeddings=128)
     tokens = torch.randint(0, model.config.vocab_size, (700,))
-    cache = model.new_cache(settings=AttentionSettings(mode="auto", dense_tokens=64, topk=4, bounded_from=None))
+    cache = model.new_cache(
+        settings=AttentionSettings(mode="auto", dense_tokens=64, topk=4, bounded_from=None)
+    )
     assert cache.settings.bounded_from == 128
-    logits = torch.cat([model(tokens[s:s + 128], cache, all_logits=True) for s in range(0, 700, 128)])
+    logits = torch.cat(
+        [model(tokens[s : s + 128], cache, all_logits=True) for s in range(0, 700, 128)]
+    )
     assert logits.shape == (700, model.config.vocab_size) and torch.isfinite(logits).all()
 
 
@@ -137,13 +163,15 @@ def test_rope_angles_stay_exact_far_past_the_table():
     """cos/sin at any position equal a float64 computation of the angle (the table covers
     positions below RotaryEmbedding.span; past it, the angle-sum rule combines two rows)."""
     rope = RotaryEmbedding(64, 100000.0)
-    positions = torch.tensor([0, 7, rope.span - 1, rope.span, rope.span + 1, 123_457, 1_048_575, 3_000_001])
+    positions = torch.tensor(
+        [0, 7, rope.span - 1, rope.span, rope.span + 1, 123_457, 1_048_575, 3_000_001]
+    )
     cos, sin = rope.cos_sin(positions)
     angles = positions.double()[:, None] * rope.inv_freq[None]
     angles = torch.cat([angles, angles], dim=-1)
     assert_close(cos.double(), angles.cos(), atol=3e-7, what="cos")
     assert_close(sin.double(), angles.sin(), atol=3e-7, what="sin")
-    assert rope._high[0].shape[0] < 400                     # rows for 3M positions: one per span
-    for start in (0, rope.span - 3, 5 * rope.span):       # the range the model asks for each chunk
+    assert rope._high[0].shape[0] < 400  # rows for 3M positions: one per span
+    for start in (0, rope.span - 3, 5 * rope.span):  # the range the model asks for each chunk
         got, want = rope.cos_sin_range(start, 6), rope.cos_sin(torch.arange(start, start + 6))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_close
 from test_msa_attention import _repositioned_reference
-from msa_models import msa
-from msa_kernels import block_summaries, score_blocks
-from msa_models.attention_settings import AttentionSettings
-from msa_models.kv_cache import KVCache
-from msa_models.layers import RotaryEmbedding, apply_rope
-from msa_models.msa_decode import _select as decode_select
-from msa_models.msa_decode import decode_attend
+
+from msa.kernels import block_summaries, score_blocks
+from msa.models import msa
+from msa.models.attention_settings import AttentionSettings
+from msa.models.kv_cache import KVCache
+from msa.models.layers import RotaryEmbedding, apply_rope
+from msa.models.msa_decode import _select as decode_select
+from msa.models.msa_decode import decode_attend
 
 
-def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, constant_keys=False, n_layers=1,
-           **settings):
+def _cache(
+    n_tokens,
+    *,
+    hkv=2,
+    d=16,
+    block=16,
+    dtype=torch.float32,
+    seed=0,
+    constant_keys=False,
+    n_layers=1,
+    **settings,
+):
     """A cache holding n_tokens of rotated keys (the query's own included) in each layer, with
     the last layer's pre-rotation keys for the reference (`constant_keys`: every cached key all
     ones, and blocks scored as stored, so that they tie exactly). Only layer 0 selects its own
@@ -27,8 +37,16 @@ def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, cons
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
     s = AttentionSettings(mode="msa", block_size=block, **{"selection_layer": None, **settings})
-    cache = KVCache(n_layers, hkv, d, block_size=block, dtype=dtype, capacity=n_tokens, settings=s,
-                    rope=None if constant_keys else rope)
+    cache = KVCache(
+        n_layers,
+        hkv,
+        d,
+        block_size=block,
+        dtype=dtype,
+        capacity=n_tokens,
+        settings=s,
+        rope=None if constant_keys else rope,
+    )
     for layer in range(n_layers):
         k_pre, v = torch.randn(hkv, n_tokens, d), torch.randn(hkv, n_tokens, d)
         cos, sin = rope.cos_sin(torch.arange(n_tokens))
@@ -40,11 +58,21 @@ def _cache(n_tokens, *, hkv=2, d=16, block=16, dtype=torch.float32, seed=0, cons
 CASES = [
     # n_tokens, heads, kv heads, settings
     (300, 6, 2, dict(topk=3, local_blocks=2, sink_blocks=1, bounded_from=0)),
-    (300, 6, 2, dict(topk=3, local_blocks=2, sink_blocks=1, bounded_from=10**9)),   # true positions
+    (300, 6, 2, dict(topk=3, local_blocks=2, sink_blocks=1, bounded_from=10**9)),  # true positions
     (257, 8, 1, dict(topk=4, local_blocks=1, sink_blocks=0, bounded_from=0)),
     (161, 3, 3, dict(topk=2, local_blocks=1, sink_blocks=2, bounded_from=64)),
-    (50, 6, 2, dict(topk=8, local_blocks=1, sink_blocks=1, bounded_from=0)),         # fewer candidates than topk
-    (16, 6, 2, dict(topk=2, local_blocks=1, sink_blocks=1, bounded_from=0)),         # the query's block only
+    (
+        50,
+        6,
+        2,
+        dict(topk=8, local_blocks=1, sink_blocks=1, bounded_from=0),
+    ),  # fewer candidates than topk
+    (
+        16,
+        6,
+        2,
+        dict(topk=2, local_blocks=1, sink_blocks=1, bounded_from=0),
+    ),  # the query's block only
 ]
 
 
@@ -52,8 +80,14 @@ def _reference_general(q, cache, rope, n_tokens, layer=0, idx=None):
     s, block = cache.settings, cache.block_size
     q_start = n_tokens - 1
     keys, values = cache.k[layer][:, :n_tokens], cache.v[layer][:, :n_tokens]
-    summaries = cache.block_summaries(layer, n_tokens, by_content=True)   # the one-query path scores by content
-    idx = msa._select(cache.score_frame(q, q_start), q_start, summaries, s, block) if idx is None else idx
+    summaries = cache.block_summaries(
+        layer, n_tokens, by_content=True
+    )  # the one-query path scores by content
+    idx = (
+        msa._select(cache.score_frame(q, q_start), q_start, summaries, s, block)
+        if idx is None
+        else idx
+    )
     if q_start >= s.bounded_from:
         return idx, msa._sparse_repositioned(q, q_start, keys, values, idx, s, block, rope)
     return idx, msa._sparse(q, q_start, keys, values, idx, block)
@@ -68,30 +102,48 @@ def test_one_query_path_equals_the_general_path(n_tokens, heads, kv_heads, setti
     summaries = cache.block_summaries(0, n_tokens, by_content=True)
     idx, n_far, n_used, _ = decode_select(qf, summaries, n_tokens, cache.settings, 16)
     assert torch.equal(idx, want_idx[:, 0])
-    assert n_used == int((idx[0] >= 0).sum()) and n_far == int(((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum())
+    assert n_used == int((idx[0] >= 0).sum()) and n_far == int(
+        ((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum()
+    )
     got = decode_attend(q, cache, 0, n_tokens - 1, rope)
     # fp32: only the order of summation differs (scores, the rotated query instead of rotated keys)
     assert_close(got, want, atol=1e-5, what="one-query path vs general path")
 
 
 def test_one_query_path_equals_the_reference_of_bounded_positions():
-    cache, rope, k_pre, v = _cache(333, hkv=2, topk=3, local_blocks=2, sink_blocks=1, bounded_from=64)
+    cache, rope, k_pre, v = _cache(
+        333, hkv=2, topk=3, local_blocks=2, sink_blocks=1, bounded_from=64
+    )
     q_pre = torch.randn(6, 1, 16)
     qcos, qsin = rope.cos_sin(torch.tensor([332]))
     q = apply_rope(q_pre, qcos, qsin)
-    idx = msa._select(cache.score_frame(q, 332), 332, cache.block_summaries(0, 333, by_content=True), cache.settings, 16)
+    idx = msa._select(
+        cache.score_frame(q, 332),
+        332,
+        cache.block_summaries(0, 333, by_content=True),
+        cache.settings,
+        16,
+    )
     want = _repositioned_reference(q_pre, k_pre, v, idx, 332, 16, 2, rope)
-    assert_close(decode_attend(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference")
+    assert_close(
+        decode_attend(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference"
+    )
 
 
 def test_blocks_are_summarized_as_stored_and_by_content():
     """By content (keys rotated back to position 0), the same keys at two positions summarize
     alike; as stored (rotated at their true positions), they differ."""
     cache, rope, k_pre, _ = _cache(640, topk=3)
-    assert_close(cache.block_summaries(0, 640, by_content=True), block_summaries(k_pre, 16, "minmax"), atol=1e-5,
-                 what="summaries of the keys before RoPE")
-    assert torch.equal(cache.block_summaries(0, 640), block_summaries(cache.k[0][:, :640], 16, "minmax"))
-    same = k_pre[:, 48:64].repeat(1, 40, 1)                                         # block 3's keys, 40 times
+    assert_close(
+        cache.block_summaries(0, 640, by_content=True),
+        block_summaries(k_pre, 16, "minmax"),
+        atol=1e-5,
+        what="summaries of the keys before RoPE",
+    )
+    assert torch.equal(
+        cache.block_summaries(0, 640), block_summaries(cache.k[0][:, :640], 16, "minmax")
+    )
+    same = k_pre[:, 48:64].repeat(1, 40, 1)  # block 3's keys, 40 times
     cos, sin = rope.cos_sin(torch.arange(640))
     moved = KVCache(1, 2, 16, block_size=16, capacity=640, settings=cache.settings, rope=rope)
     moved.write(0, apply_rope(same, cos, sin), same)
@@ -107,27 +159,36 @@ def test_ties_at_the_cut_off_go_to_the_lower_block():
     q = torch.randn(6, 1, 16)
     want_idx, want = _reference_general(q, cache, rope, 400)
     qf = cache.score_frame(q, 399).view(2, 3, 16)
-    idx, _, _, _ = decode_select(qf, cache.block_summaries(0, 400, by_content=True), 400, cache.settings, 16)
+    idx, _, _, _ = decode_select(
+        qf, cache.block_summaries(0, 400, by_content=True), 400, cache.settings, 16
+    )
     assert torch.equal(idx, want_idx[:, 0])
-    assert idx[0, :4].tolist() == [0, 1, 2, 3]        # the sink, then the three lowest candidates
+    assert idx[0, :4].tolist() == [0, 1, 2, 3]  # the sink, then the three lowest candidates
     assert_close(decode_attend(q, cache, 0, 399, rope), want, atol=1e-5, what="with ties")
 
 
 def test_partial_rope_and_bf16_cache():
     torch.manual_seed(3)
     d, r = 16, 8
-    rope = RotaryEmbedding(r, 10000.0)                 # the first 8 of 16 channels rotate
+    rope = RotaryEmbedding(r, 10000.0)  # the first 8 of 16 channels rotate
     k_pre, v = torch.randn(2, 290, d), torch.randn(2, 290, d)
     cos, sin = rope.cos_sin(torch.arange(290))
     keys = apply_rope(k_pre, cos, sin).bfloat16()
     s = AttentionSettings(mode="msa", block_size=16, topk=3, bounded_from=0)
-    cache = KVCache(1, 2, d, block_size=16, dtype=torch.bfloat16, capacity=290, settings=s, rope=rope)
+    cache = KVCache(
+        1, 2, d, block_size=16, dtype=torch.bfloat16, capacity=290, settings=s, rope=rope
+    )
     cache.write(0, keys, v.bfloat16())
     q = torch.randn(6, 1, d).bfloat16()
     want_idx, want = _reference_general(q, cache, rope, 290)
     got = decode_attend(q, cache, 0, 289, rope)
     assert got.dtype == torch.bfloat16
-    assert_close(got.float(), want.float(), atol=2e-2, what="partial RoPE, bf16 (one bf16 rounding of the output)")
+    assert_close(
+        got.float(),
+        want.float(),
+        atol=2e-2,
+        what="partial RoPE, bf16 (one bf16 rounding of the output)",
+    )
 
 
 def test_restored_blocks_are_read_only_when_selected():
@@ -140,8 +201,10 @@ def test_restored_blocks_are_read_only_when_selected():
     q = torch.randn(6, 1, 16)
     got = decode_attend(q, restored, 0, n - 1, rope)
     qf = cache.score_frame(q, n - 1).view(2, 3, 16)
-    idx, _, _, _ = decode_select(qf, cache.block_summaries(0, n, by_content=True), n, cache.settings, 16)
-    assert restored.unread_blocks == n // 16 - len(idx.unique())      # sink, top 2 and local of 20
+    idx, _, _, _ = decode_select(
+        qf, cache.block_summaries(0, n, by_content=True), n, cache.settings, 16
+    )
+    assert restored.unread_blocks == n // 16 - len(idx.unique())  # sink, top 2 and local of 20
     assert torch.equal(got, decode_attend(q, cache, 0, n - 1, rope))
 
 
@@ -149,7 +212,9 @@ def _taken_in_turn(q, cache, layer, n, topk, sink, local):
     """The reference of a decode step's shared far blocks: each KV head ranks the candidates
     between the sink and the local window by the general Quest score (ties: lower block first);
     blocks are taken rank by rank, head by head, skipping repeats, until topk are taken."""
-    scores = score_blocks(cache.score_frame(q, n - 1)[:, 0], cache.block_summaries(layer, n, by_content=True))   # [Hkv, n_full]
+    scores = score_blocks(
+        cache.score_frame(q, n - 1)[:, 0], cache.block_summaries(layer, n, by_content=True)
+    )  # [Hkv, n_full]
     first_local = (n - 1) // 16 - local + 1
     ranked = [sorted(range(sink, first_local), key=lambda b: (-float(row[b]), b)) for row in scores]
     taken = []
@@ -164,16 +229,27 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
     n = 300
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     queries = [torch.randn(6, 1, 16) for _ in range(3)]
-    own = [msa._select(cache.score_frame(q, n - 1), n - 1, cache.block_summaries(layer, n, by_content=True),
-                       cache.settings, 16)[:, 0]
-           for layer, q in enumerate(queries)]                        # [Hkv, sink + topk + local] each
+    own = [
+        msa._select(
+            cache.score_frame(q, n - 1),
+            n - 1,
+            cache.block_summaries(layer, n, by_content=True),
+            cache.settings,
+            16,
+        )[:, 0]
+        for layer, q in enumerate(queries)
+    ]  # [Hkv, sink + topk + local] each
     far = _taken_in_turn(queries[1], cache, 1, n, topk=3, sink=1, local=1)
     shared = torch.tensor([0, *far, (n - 1) // 16], dtype=own[1].dtype).expand(2, -1)[:, None]
-    assert not torch.equal(own[1][0], own[1][1])                          # the heads chose differently
-    assert not torch.equal(own[2], shared[:, 0])                          # and layer 2 would choose otherwise
+    assert not torch.equal(own[1][0], own[1][1])  # the heads chose differently
+    assert not torch.equal(own[2], shared[:, 0])  # and layer 2 would choose otherwise
     for layer, q in enumerate(queries):
-        _, want = _reference_general(q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else shared)
-        assert_close(decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}")
+        _, want = _reference_general(
+            q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else shared
+        )
+        assert_close(
+            decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}"
+        )
 
 
 def test_the_selection_layer_stays_out_of_the_cache_identity():
@@ -186,27 +262,41 @@ def test_the_selection_layer_stays_out_of_the_cache_identity():
 
 @pytest.mark.parametrize("question_from", [None, 280])
 def test_a_question_chunk_shares_the_selection_layers_union(question_from):
-    n, tq = 300, 20                                   # the chunk: positions 280..299, two query blocks
+    n, tq = 300, 20  # the chunk: positions 280..299, two query blocks
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     cache.question_from = question_from
     queries = [torch.randn(6, tq, 16) for _ in range(3)]
-    in_question = question_from is not None          # a question's chunk scores by content, a document's as stored
-    own = [msa._select(cache.score_frame(q, n - tq) if in_question else q, n - tq,
-                       cache.block_summaries(layer, n, by_content=in_question), cache.settings, 16)
-           for layer, q in enumerate(queries)]                          # [Hkv, 2, sink + topk + local]
+    in_question = (
+        question_from is not None
+    )  # a question's chunk scores by content, a document's as stored
+    own = [
+        msa._select(
+            cache.score_frame(q, n - tq) if in_question else q,
+            n - tq,
+            cache.block_summaries(layer, n, by_content=in_question),
+            cache.settings,
+            16,
+        )
+        for layer, q in enumerate(queries)
+    ]  # [Hkv, 2, sink + topk + local]
     rows = [torch.unique(own[1][:, j][own[1][:, j] >= 0]) for j in range(2)]
     union = torch.full((2, 2, max(map(len, rows))), -1, dtype=own[1].dtype)
     for j, row in enumerate(rows):
-        union[:, j, :len(row)] = row
+        union[:, j, : len(row)] = row
     for layer, q in enumerate(queries):
         shared = question_from is not None and layer >= 1
         idx = union if shared else own[layer]
-        want = msa._sparse_repositioned(q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx,
-                                        cache.settings, 16, rope)
-        got = msa.attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], cache, layer, n - tq, rope)
+        want = msa._sparse_repositioned(
+            q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.settings, 16, rope
+        )
+        got = msa.attend(
+            q, cache.k[layer][:, :n], cache.v[layer][:, :n], cache, layer, n - tq, rope
+        )
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")
-    assert union.shape[-1] > own[1].shape[-1]                             # the heads chose differently
-    assert not torch.equal(own[2], union[..., :own[2].shape[-1]])        # layer 2 alone would choose otherwise
+    assert union.shape[-1] > own[1].shape[-1]  # the heads chose differently
+    assert not torch.equal(
+        own[2], union[..., : own[2].shape[-1]]
+    )  # layer 2 alone would choose otherwise
 
 
 def test_truncating_before_the_question_forgets_it():

@@ -19,9 +19,9 @@ import pytest
 
 CHILD = textwrap.dedent("""
     import sys, tempfile, torch
-    from msa_models import ModelConfig, Transformer
-    from msa_cli.bench import anon_rss_mb
-    from msa_cli.generate import prefill
+    from msa.models import ModelConfig, Transformer
+    from msa.bench import anon_rss_mb
+    from msa.generate import prefill
 
     n_tokens, in_files = int(sys.argv[1]), sys.argv[2] == "files"
     torch.manual_seed(0)
@@ -46,8 +46,14 @@ SHORT, LONG = 2048, 20480
 
 def _growth_mb(n_tokens: int, where: str) -> tuple[float, float]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n_tokens), where], capture_output=True, text=True,
-                         check=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n_tokens), where],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+        env=env,
+    )
     growth, store = out.stdout.split()
     return float(growth), float(store)
 
@@ -56,9 +62,11 @@ def _growth_mb(n_tokens: int, where: str) -> tuple[float, float]:
 def test_memory_does_not_grow_with_the_input_beyond_the_store():
     short_growth, _ = _growth_mb(SHORT, "files")
     long_growth, long_store = _growth_mb(LONG, "files")
-    assert long_store == pytest.approx(LONG * 16 / 1024)                # 320 MB of K/V
+    assert long_store == pytest.approx(LONG * 16 / 1024)  # 320 MB of K/V
     # 18K more tokens, 288 MB more K/V, in files: anonymous memory grows by the key summaries
     # (1/64 of the keys here, 5 MB) and little else
     assert long_growth - short_growth < 0.1 * long_store, (short_growth, long_growth)
     in_memory_growth, _ = _growth_mb(LONG, "memory")
-    assert in_memory_growth - short_growth > 0.7 * long_store      # the same check sees a store in memory
+    assert (
+        in_memory_growth - short_growth > 0.7 * long_store
+    )  # the same check sees a store in memory

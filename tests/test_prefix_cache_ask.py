@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_close
 from typer.testing import CliRunner
 
-from conftest import assert_close
-from msa_cli.app import app
-from msa_cli.ask import AskSettings, open_prefix_cache, prefill_prompt
-from msa_cli.documents import Document
-from msa_cli.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
-from msa_cli.prefix_cache.keys import FORMAT_VERSION
-from msa_cli.prompt import build_prompt
-from msa_models.attention_settings import AttentionSettings
+from msa.app import app
+from msa.ask import AskSettings, open_prefix_cache, prefill_prompt
+from msa.documents import Document
+from msa.models.attention_settings import AttentionSettings
+from msa.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
+from msa.prefix_cache.keys import FORMAT_VERSION
+from msa.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,13 @@ SKIES = ["grey", "clear", "stormy", "red", "pale"]
 
 def logbook(n_entries: int, *, first: int = 0) -> str:
     """A made-up logbook, about 20 tokens per entry."""
-    return "\n".join(f"Entry {i}: the keeper counted {i * 7 % 23} ships under a {SKIES[i % 5]} sky."
-                     for i in range(first, first + n_entries)) + "\n"
+    return (
+        "\n".join(
+            f"Entry {i}: the keeper counted {i * 7 % 23} ships under a {SKIES[i % 5]} sky."
+            for i in range(first, first + n_entries)
+        )
+        + "\n"
+    )
 
 
 @pytest.fixture
@@ -48,7 +53,7 @@ def prefix_root(home: Path) -> Path:
 def ask_json(run, *args, input=None) -> dict:
     result = run("ask", *args, "-n", "4", "--json", input=input)
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""                           # --json: no notes
+    assert result.stderr == ""  # --json: no notes
     return json.loads(result.stdout)
 
 
@@ -61,10 +66,15 @@ def stored_for(loaded, path: Path, text: str, question: str, root: Path):
     prompt = build_prompt(loaded.tokenizer, text, question)
     cache = loaded.model.new_cache(capacity=len(prompt.ids))
     settings = AskSettings(prefix_cache=CacheOptions(root))
-    return prompt, cache, open_prefix_cache(loaded, cache, prompt, Document(str(path), text), settings)
+    return (
+        prompt,
+        cache,
+        open_prefix_cache(loaded, cache, prompt, Document(str(path), text), settings),
+    )
 
 
 # ---- a document already read -----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def populated(embedded, tmp_path_factory):
@@ -73,8 +83,19 @@ def populated(embedded, tmp_path_factory):
     text = logbook(10)
     (folder / "log.txt").write_text(text)
     cache_dir = folder / "cache"
-    result = CliRunner().invoke(app, ["ask", str(folder / "log.txt"), QUESTION, "-n", "4", "--json",
-                                      "--cache-dir", str(cache_dir)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ask",
+            str(folder / "log.txt"),
+            QUESTION,
+            "-n",
+            "4",
+            "--json",
+            "--cache-dir",
+            str(cache_dir),
+        ],
+    )
     assert result.exit_code == 0, result.output
     return folder / "log.txt", json.loads(result.stdout), cache_dir / "prefix"
 
@@ -87,7 +108,9 @@ def prefilled(populated, isolated_home):
     return source, first
 
 
-def test_the_second_question_reads_only_the_question_however_the_document_arrives(run, embedded, prefilled, tmp_path, isolated_home):
+def test_the_second_question_reads_only_the_question_however_the_document_arrives(
+    run, embedded, prefilled, tmp_path, isolated_home
+):
     path, first = prefilled
     other = tmp_path / "elsewhere" / "copy.txt"
     other.parent.mkdir()
@@ -96,8 +119,12 @@ def test_the_second_question_reads_only_the_question_however_the_document_arrive
     asked = build_prompt(embedded.tokenizer, text, QUESTION)
     second_q = "How many ships in entry 2?"
     second = build_prompt(embedded.tokenizer, text, second_q)
-    assert second.context_length == asked.context_length == 41 + 166     # template head + document
-    assert (first["prompt_tokens"], first["cached_tokens"], first["prefill_tokens"]) == (len(asked.ids), 0, len(asked.ids))
+    assert second.context_length == asked.context_length == 41 + 166  # template head + document
+    assert (first["prompt_tokens"], first["cached_tokens"], first["prefill_tokens"]) == (
+        len(asked.ids),
+        0,
+        len(asked.ids),
+    )
 
     reference = ask_json(run, path, second_q, "--no-cache")
     assert reference["cached_tokens"] == 0
@@ -123,9 +150,9 @@ def test_logits_are_the_same_with_the_cache_and_without_it(embedded, prefilled, 
         return prefill_prompt(embedded.model, cache, prompt, stored), restored, stored
 
     none, _, _ = logits(cached=False)
-    warm, restored, stored = logits(cached=True)         # blocks written by the first ask
+    warm, restored, stored = logits(cached=True)  # blocks written by the first ask
     assert restored == stored.context_tokens == 207
-    assert torch.equal(warm, none)                       # bit for bit
+    assert torch.equal(warm, none)  # bit for bit
     # resumed from block 2 (as after an interrupted prefill, or an edit there): chunks fall
     # elsewhere, so equal to float rounding, and the same greedy token
     for bk in stored.keys[2:]:
@@ -134,10 +161,12 @@ def test_logits_are_the_same_with_the_cache_and_without_it(embedded, prefilled, 
     assert restored == 2 * 64
     assert_close(part, none, atol=1e-4, what="resumed prefill")
     assert int(part.argmax()) == int(none.argmax())
-    assert logits(cached=True)[1] == 207                 # and the resumed prefill saved the rest
+    assert logits(cached=True)[1] == 207  # and the resumed prefill saved the rest
 
 
-def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(run, embedded, prefilled, tmp_path, isolated_home):
+def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(
+    run, embedded, prefilled, tmp_path, isolated_home
+):
     root = prefix_root(isolated_home)
     source, _ = prefilled
     text = source.read_text()
@@ -146,7 +175,9 @@ def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(run, embedd
     original = build_prompt(embedded.tokenizer, text, QUESTION)
     changed = build_prompt(embedded.tokenizer, edited, QUESTION)
     first_diff = next(i for i, (a, b) in enumerate(zip(original.ids, changed.ids)) if a != b)
-    assert first_diff // 64 == 1 and -(-changed.context_length // 64) == 4   # the edit is in block 1 of 4
+    assert (
+        first_diff // 64 == 1 and -(-changed.context_length // 64) == 4
+    )  # the edit is in block 1 of 4
 
     path = tmp_path / "log.txt"
     path.write_text(edited)
@@ -154,11 +185,12 @@ def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(run, embedd
     assert out["cached_tokens"] == 64
     assert out["prefill_tokens"] == len(changed.ids) - 64
     after = block_files(root)
-    assert before <= after and len(after - before) == 4 - 1           # blocks 1, 2 and 3 are new
+    assert before <= after and len(after - before) == 4 - 1  # blocks 1, 2 and 3 are new
     assert ask_json(run, path, QUESTION)["cached_tokens"] == changed.context_length
 
 
 # ---- corruption ------------------------------------------------------------------------------
+
 
 def _flip_bytes(path: Path):
     data = bytearray(path.read_bytes())
@@ -176,14 +208,27 @@ def _rewrite_metadata(path: Path, **changes):
     save_file(tensors, str(path), metadata={**meta, **changes})
 
 
-@pytest.mark.parametrize("damage,reason", [
-    (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "is truncated or not a block file"),
-    (_flip_bytes, "is corrupted (checksum mismatch)"),
-    (lambda p: _rewrite_metadata(p, identity="0" * 64),
-     "was made under another identity (model, tokenizer, template, dtype or attention)"),
-    (lambda p: _rewrite_metadata(p, format="0"), f"has format version 0, this msa reads {FORMAT_VERSION}"),
-])
-def test_a_damaged_block_is_dropped_recomputed_and_reported(run, embedded, prefilled, isolated_home, damage, reason):
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (
+            lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+            "is truncated or not a block file",
+        ),
+        (_flip_bytes, "is corrupted (checksum mismatch)"),
+        (
+            lambda p: _rewrite_metadata(p, identity="0" * 64),
+            "was made under another identity (model, tokenizer, template, dtype or attention)",
+        ),
+        (
+            lambda p: _rewrite_metadata(p, format="0"),
+            f"has format version 0, this msa reads {FORMAT_VERSION}",
+        ),
+    ],
+)
+def test_a_damaged_block_is_dropped_recomputed_and_reported(
+    run, embedded, prefilled, isolated_home, damage, reason
+):
     source, first = prefilled
     expected_answer = first["answer"] + "\n"
     root = prefix_root(isolated_home)
@@ -194,8 +239,9 @@ def test_a_damaged_block_is_dropped_recomputed_and_reported(run, embedded, prefi
     assert result.exit_code == 0, result.output
     assert result.stdout == expected_answer
     assert result.stderr.splitlines() == [
-        f"msa: cache: block 2 of {source} {reason}: dropped, recomputing from token 128"]
-    out = ask_json(run, source, QUESTION)       # block 2 was written again, whole
+        f"msa: cache: block 2 of {source} {reason}: dropped, recomputing from token 128"
+    ]
+    out = ask_json(run, source, QUESTION)  # block 2 was written again, whole
     assert out["cached_tokens"] == stored.context_tokens
     assert out["answer"] + "\n" == expected_answer
 
@@ -211,36 +257,45 @@ def test_notes_are_quiet_and_read_only_changes_nothing(run, embedded, prefilled,
 
     result = run("ask", source, QUESTION, "-n", "4", "--cache-ro")
     assert result.stdout == expected_answer
-    assert result.stderr == (f"msa: cache: block 3 of {source} is corrupted (checksum mismatch): "
-                             f"ignored (--cache-ro), recomputing from token 192\n")
+    assert result.stderr == (
+        f"msa: cache: block 3 of {source} is corrupted (checksum mismatch): "
+        f"ignored (--cache-ro), recomputing from token 192\n"
+    )
     assert stored.store.exists(stored.keys[3].key) and manifest.read_bytes() == stamp
     result = run("ask", source, QUESTION, "-n", "4", "--quiet")
     assert result.stdout == expected_answer and result.stderr == ""
 
 
-
-def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_from_it(run, embedded, prefilled, isolated_home):
+def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_from_it(
+    run, embedded, prefilled, isolated_home
+):
     source, first = prefilled
     root = prefix_root(isolated_home)
     full_bytes = ChainIndex(BlockStore(root)).disk_bytes()
     reference = ask_json(run, source, QUESTION, "--kv-dtype", "int8", "--no-cache")
     cold = ask_json(run, source, QUESTION, "--kv-dtype", "int8")
-    assert cold["cached_tokens"] == 0                    # the full-precision chain is another identity
+    assert cold["cached_tokens"] == 0  # the full-precision chain is another identity
     assert cold["answer"] == reference["answer"]
     warm = ask_json(run, source, QUESTION, "--kv-dtype", "int8")
     assert warm["cached_tokens"] == 207 and warm["answer"] == reference["answer"]
     chains = ChainIndex(BlockStore(root)).all()
     assert len(chains) == 2
     int8_bytes = ChainIndex(BlockStore(root)).disk_bytes() - full_bytes
-    assert int8_bytes < 0.3 * full_bytes                 # int8 codes + a scale per row, vs fp32 rows
+    assert int8_bytes < 0.3 * full_bytes  # int8 codes + a scale per row, vs fp32 rows
     # logits from the restored int8 blocks equal those of a cold int8 prefill, bit for bit
-    settings = AskSettings(prefix_cache=CacheOptions(root), attention=AttentionSettings(kv_dtype="int8"))
+    settings = AskSettings(
+        prefix_cache=CacheOptions(root), attention=AttentionSettings(kv_dtype="int8")
+    )
     text = source.read_text()
 
     def logits(cached: bool):
         prompt = build_prompt(embedded.tokenizer, text, QUESTION)
         cache = embedded.model.new_cache(capacity=len(prompt.ids), settings=settings.attention)
-        stored = open_prefix_cache(embedded, cache, prompt, Document(str(source), text), settings) if cached else None
+        stored = (
+            open_prefix_cache(embedded, cache, prompt, Document(str(source), text), settings)
+            if cached
+            else None
+        )
         assert (stored.restore(cache) if stored else 0) == (207 if cached else 0)
         return prefill_prompt(embedded.model, cache, prompt, stored)
 
@@ -249,12 +304,15 @@ def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_fr
 
 # ---- budget ----------------------------------------------------------------------------------
 
-def test_eviction_keeps_the_budget_and_the_running_document(run, embedded, prefilled, tmp_path, isolated_home, monkeypatch):
+
+def test_eviction_keeps_the_budget_and_the_running_document(
+    run, embedded, prefilled, tmp_path, isolated_home, monkeypatch
+):
     root = prefix_root(isolated_home)
     second = tmp_path / "b.txt"
-    second.write_text(logbook(10, first=50))             # 217 tokens: as many blocks as the first
+    second.write_text(logbook(10, first=50))  # 217 tokens: as many blocks as the first
     one_document = ChainIndex(BlockStore(root)).disk_bytes()
-    budget = one_document * 3 // 2                       # room for one of them, not two
+    budget = one_document * 3 // 2  # room for one of them, not two
     monkeypatch.setenv("MSA_CACHE_MAX", str(budget))
 
     assert ask_json(run, second, QUESTION)["cached_tokens"] == 0
@@ -264,11 +322,13 @@ def test_eviction_keeps_the_budget_and_the_running_document(run, embedded, prefi
     assert ask_json(run, second, QUESTION)["cached_tokens"] == index.all()[0].tokens
 
 
-def test_a_document_over_the_budget_is_answered_and_not_kept(run, embedded, tmp_path, isolated_home, monkeypatch):
+def test_a_document_over_the_budget_is_answered_and_not_kept(
+    run, embedded, tmp_path, isolated_home, monkeypatch
+):
     path = tmp_path / "log.txt"
     path.write_text(logbook(4))
     expected = run("ask", path, QUESTION, "-n", "4", "--cache-ro").stdout
-    assert not prefix_root(isolated_home).exists()       # --cache-ro wrote nothing
+    assert not prefix_root(isolated_home).exists()  # --cache-ro wrote nothing
     prompt, cache, _ = stored_for(embedded, path, path.read_text(), QUESTION, tmp_path / "unused")
     monkeypatch.setenv("MSA_CACHE_MAX", "1M")
     result = run("ask", path, QUESTION, "-n", "4")
@@ -277,8 +337,10 @@ def test_a_document_over_the_budget_is_answered_and_not_kept(run, embedded, tmp_
     embedded.model(torch.tensor(prompt.ids[:64]), cache)
     block_bytes = sum(t.nbytes for t in cache.export_block(0).values())
     estimate = block_bytes * prompt.context_length // 64 + 1024 * -(-prompt.context_length // 64)
-    assert result.stderr == (f"msa: cache: {path} needs about {format_size(estimate)}, more than the cache's "
-                             f"1.0 MB budget (MSA_CACHE_MAX); answering without keeping it\n")
+    assert result.stderr == (
+        f"msa: cache: {path} needs about {format_size(estimate)}, more than the cache's "
+        f"1.0 MB budget (MSA_CACHE_MAX); answering without keeping it\n"
+    )
     assert block_files(prefix_root(isolated_home)) == set()
 
 
@@ -288,7 +350,9 @@ def test_a_bad_budget_is_a_usage_error(run, tmp_path, monkeypatch):
     monkeypatch.setenv("MSA_CACHE_MAX", "lots")
     result = run("ask", path, QUESTION)
     assert result.exit_code == 2
-    assert result.stderr == "msa: error: MSA_CACHE_MAX: 'lots' is not a size (use e.g. 500M or 10G)\n"
+    assert (
+        result.stderr == "msa: error: MSA_CACHE_MAX: 'lots' is not a size (use e.g. 500M or 10G)\n"
+    )
 
 
 def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
@@ -299,4 +363,7 @@ def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
     (cache_dir / "prefix").write_text("a file where the prefix cache's folder should be")
     result = run("ask", path, QUESTION, "-n", "2", "--cache-dir", cache_dir)
     assert result.exit_code == 0 and result.stdout.strip()
-    assert result.stderr == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); answering without saving\n"
+    assert (
+        result.stderr
+        == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); answering without saving\n"
+    )

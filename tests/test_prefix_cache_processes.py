@@ -14,11 +14,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from msa_cli.app import app
-from msa_cli.ask import AskSettings, open_prefix_cache, prefill_prompt
-from msa_cli.documents import Document
-from msa_cli.prefix_cache import BlockStore, CacheOptions, ChainIndex
-from msa_cli.prompt import build_prompt
+from msa.app import app
+from msa.ask import AskSettings, open_prefix_cache, prefill_prompt
+from msa.documents import Document
+from msa.prefix_cache import BlockStore, CacheOptions, ChainIndex
+from msa.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +27,23 @@ SKIES = ["grey", "clear", "stormy", "red", "pale"]
 
 
 def logbook(n_entries: int) -> str:
-    return "\n".join(f"Entry {i}: the keeper counted {i * 7 % 23} ships under a {SKIES[i % 5]} sky."
-                     for i in range(n_entries)) + "\n"
+    return (
+        "\n".join(
+            f"Entry {i}: the keeper counted {i * 7 % 23} ships under a {SKIES[i % 5]} sky."
+            for i in range(n_entries)
+        )
+        + "\n"
+    )
 
 
 def msa(*args) -> subprocess.Popen:
     """`msa` in a new process (it inherits this test's isolated HOME and XDG directories)."""
-    return subprocess.Popen([sys.executable, "-m", "msa_cli.app", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "msa.app", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> dict:
@@ -48,7 +57,9 @@ def prefix_root(home: Path) -> Path:
     return home / ".cache" / "msa" / "prefix"
 
 
-def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(embedded, tmp_path, isolated_home):
+def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(
+    embedded, tmp_path, isolated_home
+):
     path = tmp_path / "log.txt"
     path.write_text(logbook(8))
     prompt = build_prompt(embedded.tokenizer, path.read_text(), QUESTION)
@@ -64,8 +75,13 @@ def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(em
     index = ChainIndex(BlockStore(root))
     [chain] = index.all()
     cache = embedded.model.new_cache(capacity=len(prompt.ids))
-    stored = open_prefix_cache(embedded, cache, prompt, Document(str(path), path.read_text()),
-                               AskSettings(prefix_cache=CacheOptions(root, read_only=True)))
+    stored = open_prefix_cache(
+        embedded,
+        cache,
+        prompt,
+        Document(str(path), path.read_text()),
+        AskSettings(prefix_cache=CacheOptions(root, read_only=True)),
+    )
     assert chain.blocks == [bk.key for bk in stored.keys] and len(chain.blocks) == 3
     assert sorted(key for key, _, _ in index.store.files()) == sorted(chain.blocks)
     assert stored.restore(cache) == 173
@@ -84,13 +100,13 @@ def test_kill_9_during_a_long_prefill_then_the_next_ask_resumes(embedded, tmp_pa
     path = tmp_path / "long.txt"
     path.write_text(logbook(328))
     prompt = build_prompt(embedded.tokenizer, path.read_text(), QUESTION)
-    assert prompt.context_length == 6020                 # the dense model reads at most 8,192
+    assert prompt.context_length == 6020  # the dense model reads at most 8,192
     root = prefix_root(isolated_home)
     index = ChainIndex(BlockStore(root))
 
     proc = msa("ask", path, QUESTION, "-n", "1", "--json")
     deadline = time.monotonic() + 600
-    while sum(1 for key, _, _ in index.store.files() if key) < 40:      # 5 chunks of 512 tokens saved
+    while sum(1 for key, _, _ in index.store.files() if key) < 40:  # 5 chunks of 512 tokens saved
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, "the prefill saved no blocks in time"
         time.sleep(0.1)
@@ -99,10 +115,10 @@ def test_kill_9_during_a_long_prefill_then_the_next_ask_resumes(embedded, tmp_pa
     assert proc.returncode == -signal.SIGKILL
 
     [chain] = index.all()
-    done = index.cached_tokens(chain)                    # the blocks finished before the kill
+    done = index.cached_tokens(chain)  # the blocks finished before the kill
     assert done % 64 == 0 and 40 * 64 <= done < 6020
     result = CliRunner().invoke(app, ["ask", str(path), QUESTION, "-n", "1", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert (out["cached_tokens"], out["prefill_tokens"]) == (done, len(prompt.ids) - done)
-    assert index.cached_tokens(index.load(chain.id)) == 6020   # the rest is saved now
+    assert index.cached_tokens(index.load(chain.id)) == 6020  # the rest is saved now

@@ -9,23 +9,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from msa_cli.prefix_cache import (
-    BadBlock, BlockStore, CacheError, Chain, ChainIndex, block_keys, identity_hash, parse_size,
+from msa.prefix_cache import (
+    BadBlock,
+    BlockStore,
+    CacheError,
+    Chain,
+    ChainIndex,
+    block_keys,
+    identity_hash,
+    parse_size,
 )
-from msa_cli.prefix_cache.sizes import budget_from_env, format_size
-from msa_cli.prefix_cache.keys import FORMAT_VERSION
+from msa.prefix_cache.keys import FORMAT_VERSION
+from msa.prefix_cache.sizes import budget_from_env, format_size
 
 ROOT = identity_hash({"model": "m", "attention": {"mode": "dense"}})
 
 
 # ---- keys ------------------------------------------------------------------------------------
 
+
 def test_block_keys_chain_so_an_edit_changes_only_the_blocks_from_it_on():
-    ids = list(range(1000, 1010))                        # blocks of 4: [4, 4, 2]
+    ids = list(range(1000, 1010))  # blocks of 4: [4, 4, 2]
     keys = block_keys(ROOT, ids, 4)
     assert [(k.index, k.tokens) for k in keys] == [(0, 4), (1, 4), (2, 2)]
     edited = ids.copy()
-    edited[5] = 7                                        # inside block 1
+    edited[5] = 7  # inside block 1
     new = block_keys(ROOT, edited, 4)
     assert [a.key == b.key for a, b in zip(keys, new)] == [True, False, False]
 
@@ -34,27 +42,39 @@ def test_appended_text_reuses_every_full_block_and_recomputes_the_partial_one():
     keys = block_keys(ROOT, list(range(10)), 4)
     longer = block_keys(ROOT, list(range(13)), 4)
     assert [k.key for k in longer[:2]] == [k.key for k in keys[:2]]
-    assert longer[2].key != keys[2].key                  # the old partial block is a leaf
+    assert longer[2].key != keys[2].key  # the old partial block is a leaf
 
 
 def test_the_same_tokens_at_another_place_or_under_another_identity_have_other_keys():
     keys = block_keys(ROOT, [1, 2, 3, 4, 1, 2, 3, 4], 4)
-    assert keys[0].key != keys[1].key                    # same tokens, another parent
+    assert keys[0].key != keys[1].key  # same tokens, another parent
     other_root = identity_hash({"model": "m", "attention": {"mode": "msa", "topk": 16}})
     assert block_keys(other_root, [1, 2, 3, 4], 4)[0].key != keys[0].key
 
 
 def test_identity_hash_ignores_key_order_only():
-    assert identity_hash({"a": 1, "b": {"x": 1, "y": 2}}) == identity_hash({"b": {"y": 2, "x": 1}, "a": 1})
+    assert identity_hash({"a": 1, "b": {"x": 1, "y": 2}}) == identity_hash(
+        {"b": {"y": 2, "x": 1}, "a": 1}
+    )
     assert identity_hash({"a": 1}) != identity_hash({"a": 2})
 
 
 # ---- sizes -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,expected", [
-    ("500M", 500_000_000), ("10G", 10_000_000_000), ("1.5GB", 1_500_000_000), ("512MiB", 512 * 2**20),
-    ("2k", 2000), ("123", 123), ("0", 0), (" 3 g ", 3_000_000_000),
-])
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("500M", 500_000_000),
+        ("10G", 10_000_000_000),
+        ("1.5GB", 1_500_000_000),
+        ("512MiB", 512 * 2**20),
+        ("2k", 2000),
+        ("123", 123),
+        ("0", 0),
+        (" 3 g ", 3_000_000_000),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -67,7 +87,12 @@ def test_bad_sizes_are_usage_errors(text):
 
 
 def test_format_size_and_budget_from_env(monkeypatch):
-    assert [format_size(n) for n in (999, 1500, 322_600_000, 10**10)] == ["999 B", "1.5 kB", "322.6 MB", "10.0 GB"]
+    assert [format_size(n) for n in (999, 1500, 322_600_000, 10**10)] == [
+        "999 B",
+        "1.5 kB",
+        "322.6 MB",
+        "10.0 GB",
+    ]
     assert budget_from_env() == 10**10
     monkeypatch.setenv("MSA_CACHE_MAX", "500M")
     assert budget_from_env() == 500_000_000
@@ -75,10 +100,14 @@ def test_format_size_and_budget_from_env(monkeypatch):
 
 # ---- block files -----------------------------------------------------------------------------
 
+
 def a_block(seed: int = 0, tokens: int = 4) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"k": torch.randn(2, 3, tokens, 8, generator=g), "v": torch.randn(2, 3, tokens, 8, generator=g),
-            "summaries": torch.randn(2, 3, 2, 8, generator=g)}   # any extra entry is kept too
+    return {
+        "k": torch.randn(2, 3, tokens, 8, generator=g),
+        "v": torch.randn(2, 3, tokens, 8, generator=g),
+        "summaries": torch.randn(2, 3, 2, 8, generator=g),
+    }  # any extra entry is kept too
 
 
 @pytest.fixture
@@ -93,7 +122,9 @@ def test_a_block_round_trips_every_entry_bit_for_bit(store):
     back = store.read("ab" * 32, identity=ROOT, tokens=4)
     assert sorted(back) == ["k", "summaries", "v"]
     assert all(torch.equal(back[name], block[name]) for name in block)
-    assert [p.name for p in store.path("ab" * 32).parent.iterdir()] == [f"{'ab' * 32}.safetensors"]  # no temp file left
+    assert [p.name for p in store.path("ab" * 32).parent.iterdir()] == [
+        f"{'ab' * 32}.safetensors"
+    ]  # no temp file left
     assert store.read("cd" * 32, identity=ROOT, tokens=4) is None
 
 
@@ -108,19 +139,25 @@ def _rewrite_metadata(path: Path, **changes):
 
 def _flip_last_byte(path: Path):
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF                                     # inside the last tensor's bytes
+    data[-1] ^= 0xFF  # inside the last tensor's bytes
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage,reason", [
-    (lambda p: p.write_bytes(p.read_bytes()[:-100]), "is truncated or not a block file"),
-    (lambda p: p.write_bytes(b""), "is truncated or not a block file"),
-    (_flip_last_byte, "is corrupted (checksum mismatch)"),
-    (lambda p: _rewrite_metadata(p, identity="0" * 64), "was made under another identity"),
-    (lambda p: _rewrite_metadata(p, format="0"), f"has format version 0, this msa reads {FORMAT_VERSION}"),
-    (lambda p: _rewrite_metadata(p, key="ef" * 32), "holds another block than its name says"),
-    (lambda p: _rewrite_metadata(p, tokens="3"), "holds 3 tokens, not 4"),
-])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-100]), "is truncated or not a block file"),
+        (lambda p: p.write_bytes(b""), "is truncated or not a block file"),
+        (_flip_last_byte, "is corrupted (checksum mismatch)"),
+        (lambda p: _rewrite_metadata(p, identity="0" * 64), "was made under another identity"),
+        (
+            lambda p: _rewrite_metadata(p, format="0"),
+            f"has format version 0, this msa reads {FORMAT_VERSION}",
+        ),
+        (lambda p: _rewrite_metadata(p, key="ef" * 32), "holds another block than its name says"),
+        (lambda p: _rewrite_metadata(p, tokens="3"), "holds 3 tokens, not 4"),
+    ],
+)
 def test_a_damaged_block_is_refused_with_its_reason(store, damage, reason):
     store.write("ab" * 32, a_block(), identity=ROOT, index=0, tokens=4)
     damage(store.path("ab" * 32))
@@ -144,10 +181,21 @@ def test_a_failed_write_leaves_no_file(store, monkeypatch):
 
 # ---- manifests and eviction ------------------------------------------------------------------
 
-def add_chain(index: ChainIndex, name: str, keys: list[str], *, last_used: float, seed: int = 0) -> Chain:
+
+def add_chain(
+    index: ChainIndex, name: str, keys: list[str], *, last_used: float, seed: int = 0
+) -> Chain:
     """A document of len(keys) full blocks of 4 tokens, its blocks written and its manifest saved."""
-    chain = Chain(id=name, identity=ROOT, model="m", source=f"{name}.txt", tokens=4 * len(keys), block_size=4,
-                  blocks=keys, last_used=last_used)
+    chain = Chain(
+        id=name,
+        identity=ROOT,
+        model="m",
+        source=f"{name}.txt",
+        tokens=4 * len(keys),
+        block_size=4,
+        blocks=keys,
+        last_used=last_used,
+    )
     index.save(chain)
     for i, key in enumerate(keys):
         if not index.store.exists(key):
@@ -167,45 +215,68 @@ def index(store) -> ChainIndex:
 def test_eviction_removes_least_recently_used_chains_whole_and_keeps_shared_blocks(index):
     now = time.time()
     add_chain(index, "old", [key(1), key(2), key(3)], last_used=now - 30)
-    add_chain(index, "mid", [key(1), key(2), key(4)], last_used=now - 20)   # shares 2 blocks with "old"
+    add_chain(
+        index, "mid", [key(1), key(2), key(4)], last_used=now - 20
+    )  # shares 2 blocks with "old"
     add_chain(index, "new", [key(5), key(6), key(7)], last_used=now - 10)
     block_file = index.store.size(key(1))
     manifest = index.path("new").stat().st_size
     total = index.disk_bytes()
-    assert total == 7 * block_file + sum(index.path(c).stat().st_size for c in ("old", "mid", "new"))
+    assert total == 7 * block_file + sum(
+        index.path(c).stat().st_size for c in ("old", "mid", "new")
+    )
     # room for two chains: "old" goes; its blocks shared with "mid" stay
     budget = 6 * block_file + 2 * manifest + 100
     assert index.evict(budget)
     assert sorted(c.id for c in index.all()) == ["mid", "new"]
-    assert [index.store.exists(key(n)) for n in range(1, 8)] == [True, True, False, True, True, True, True]
+    assert [index.store.exists(key(n)) for n in range(1, 8)] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
     assert index.disk_bytes() <= budget
     assert index.cached_tokens(index.load("mid")) == 12
 
 
 def test_eviction_never_removes_the_running_commands_blocks(index):
     now = time.time()
-    add_chain(index, "running", [key(1), key(2)], last_used=now - 100)      # the least recently used
+    add_chain(index, "running", [key(1), key(2)], last_used=now - 100)  # the least recently used
     add_chain(index, "other", [key(3), key(4)], last_used=now)
     orphan = key(9)
-    index.store.write(orphan, a_block(), identity=ROOT, index=0, tokens=4)  # a writer died before its manifest
+    index.store.write(
+        orphan, a_block(), identity=ROOT, index=0, tokens=4
+    )  # a writer died before its manifest
     fits = index.evict(0, keep=frozenset({key(1), key(2)}), keep_chain="running")
-    assert not fits                                      # the blocks in use alone are over a zero budget
+    assert not fits  # the blocks in use alone are over a zero budget
     assert [c.id for c in index.all()] == ["running"]
-    assert [index.store.exists(k) for k in (key(1), key(2), key(3), key(4), orphan)] == [True, True, False, False, False]
+    assert [index.store.exists(k) for k in (key(1), key(2), key(3), key(4), orphan)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_eviction_counts_incoming_bytes_and_sweeps_stale_temp_files(index):
     now = time.time()
     add_chain(index, "a", [key(1)], last_used=now - 10)
     add_chain(index, "b", [key(2)], last_used=now)
-    stale = [index.store.path(key(1)).parent / ".a.tmp", index.dir / ".b.tmp"]   # a block, a manifest
-    young = index.dir / ".c.tmp"                                                # a live writer's
+    stale = [
+        index.store.path(key(1)).parent / ".a.tmp",
+        index.dir / ".b.tmp",
+    ]  # a block, a manifest
+    young = index.dir / ".c.tmp"  # a live writer's
     for path in stale + [young]:
         path.write_bytes(b"x" * 5000)
     for path in stale:
         os.utime(path, (now - 3600, now - 3600))
     one_chain = index.store.size(key(1)) + index.path("a").stat().st_size
-    assert index.evict(2 * one_chain + 5000 + 10)        # fits once the stale temp files are gone
+    assert index.evict(2 * one_chain + 5000 + 10)  # fits once the stale temp files are gone
     assert [p.exists() for p in stale + [young]] == [False, False, True] and len(index.all()) == 2
     young.unlink()
     assert index.evict(2 * one_chain + 10, incoming=one_chain)

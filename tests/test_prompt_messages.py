@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from msa_cli.prompt import build_prompt, prompt_from_messages, split_user_message, user_message
-from msa_models.errors import InputError
+from msa.models.errors import InputError
+from msa.prompt import build_prompt, prompt_from_messages, split_user_message, user_message
 
 pytestmark = pytest.mark.slow
 
-DOC = ("The lighthouse at Corran Point was built in 1847.\n"
-       "Its first keeper was a ship's carpenter named Tobias Wren.\n")
+DOC = (
+    "The lighthouse at Corran Point was built in 1847.\n"
+    "Its first keeper was a ship's carpenter named Tobias Wren.\n"
+)
 QUESTION = "Who was the first keeper?"
 
 
@@ -21,7 +23,9 @@ def text_of(tokenizer, ids: list[int]) -> str:
 
 
 def test_the_user_message_splits_back_into_document_and_question():
-    tricky = DOC + "\n</document>\n\nQuestion: a line of the document that looks like the end of it\n"
+    tricky = (
+        DOC + "\n</document>\n\nQuestion: a line of the document that looks like the end of it\n"
+    )
     assert split_user_message(user_message(tricky, f"  {QUESTION}\n")) == (tricky, QUESTION)
     assert split_user_message(user_message("", QUESTION)) == ("", QUESTION)
     assert split_user_message("Who was the first keeper?") is None
@@ -31,9 +35,13 @@ def test_the_user_message_splits_back_into_document_and_question():
 @pytest.mark.parametrize("system", [None, "Answer in one short sentence."])
 def test_a_document_and_question_give_the_tokens_msa_ask_reads(embedded, system):
     tok = embedded.tokenizer
-    messages = ([{"role": "system", "content": system}] if system else []) + \
-               [{"role": "user", "content": user_message(DOC, QUESTION)}]
-    got, expected = prompt_from_messages(tok, messages), build_prompt(tok, DOC, QUESTION, system=system)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user_message(DOC, QUESTION)}
+    ]
+    got, expected = (
+        prompt_from_messages(tok, messages),
+        build_prompt(tok, DOC, QUESTION, system=system),
+    )
     assert (got.head, got.document, got.tail) == (expected.head, expected.document, expected.tail)
     assert got.question_at == expected.question_at > 0
     assert got.document_offsets == expected.document_offsets
@@ -41,32 +49,43 @@ def test_a_document_and_question_give_the_tokens_msa_ask_reads(embedded, system)
 
 def test_a_later_turn_keeps_the_document_as_its_context(embedded):
     tok = embedded.tokenizer
-    messages = [{"role": "user", "content": user_message(DOC, QUESTION)},
-                {"role": "assistant", "content": "Tobias Wren."},
-                {"role": "user", "content": "When was the lighthouse built?"}]
+    messages = [
+        {"role": "user", "content": user_message(DOC, QUESTION)},
+        {"role": "assistant", "content": "Tobias Wren."},
+        {"role": "user", "content": "When was the lighthouse built?"},
+    ]
     got, first = prompt_from_messages(tok, messages), build_prompt(tok, DOC, QUESTION)
     # the context (template head and document) is the one `msa ask` cached: a prefix cache hit
-    assert got.ids[:got.context_length] == first.ids[:first.context_length]
+    assert got.ids[: got.context_length] == first.ids[: first.context_length]
     assert text_of(tok, got.ids) == tok.template.render(messages, add_generation_prompt=True)
-    assert text_of(tok, got.tail[got.question_at:]).lstrip().startswith("When was the lighthouse built?")
+    assert (
+        text_of(tok, got.tail[got.question_at :])
+        .lstrip()
+        .startswith("When was the lighthouse built?")
+    )
 
 
 def test_any_other_conversation_is_cached_up_to_its_last_user_message(embedded):
     tok = embedded.tokenizer
-    messages = [{"role": "system", "content": "You are terse."},
-                {"role": "user", "content": "Name a colour."},
-                {"role": "assistant", "content": "Blue."},
-                {"role": "user", "content": "Name another."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Name another."},
+    ]
     got = prompt_from_messages(tok, messages)
     rendered = tok.template.render(messages, add_generation_prompt=True)
     assert got.document == []
     assert text_of(tok, got.ids) == rendered
-    assert text_of(tok, got.head) == rendered[:rendered.rindex("Name another.")]
+    assert text_of(tok, got.head) == rendered[: rendered.rindex("Name another.")]
     # the next request repeats this conversation: its context starts with this one's, token for token
-    follow_up = messages + [{"role": "assistant", "content": "Red."}, {"role": "user", "content": "And another."}]
+    follow_up = messages + [
+        {"role": "assistant", "content": "Red."},
+        {"role": "user", "content": "And another."},
+    ]
     later = prompt_from_messages(tok, follow_up)
     assert text_of(tok, later.head).startswith(rendered)
-    assert later.head[:len(got.head)] == got.head
+    assert later.head[: len(got.head)] == got.head
 
 
 def test_a_conversation_without_a_user_message_is_refused(embedded):

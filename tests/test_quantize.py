@@ -7,12 +7,26 @@ import copy
 import numpy as np
 import pytest
 import torch
-
 from conftest import assert_close
-from msa_models import ModelConfig, Transformer
-from msa_models.quantize import (KERNEL_DTYPE, PREFILL_ROWS, Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, load_quantized,
-                                 quantize_int4, quantize_int8, quantize_model, quantize_weights, reference_linear,
-                                 save_quantized, swap_linears, unpack_int4)
+
+from msa.models import ModelConfig, Transformer
+from msa.models.quantize import (
+    KERNEL_DTYPE,
+    PREFILL_ROWS,
+    Int4Linear,
+    Int8Linear,
+    dequantize_int4,
+    dequantize_int8,
+    load_quantized,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+    quantize_weights,
+    reference_linear,
+    save_quantized,
+    swap_linears,
+    unpack_int4,
+)
 
 
 @pytest.fixture
@@ -59,13 +73,15 @@ def kernel_reference(x, state, name, mode):
         q = unpack_int4(state[f"{name}.weight"]).float()
         scale, low = state[f"{name}.scales"], state[f"{name}.mins"]
         n, k = q.shape
-        w = ((q.view(n, -1, 32) - 8) * bf16(scale)[..., None] + bf16(low + 8 * scale)[..., None]).view(n, k)
+        w = (
+            (q.view(n, -1, 32) - 8) * bf16(scale)[..., None] + bf16(low + 8 * scale)[..., None]
+        ).view(n, k)
     return torch.nn.functional.linear(bf16(x), w)
 
 
 # the kernels round their output to bf16 (8 significant bits): 2**-8 of each output, with room
 # for a different summation order
-BF16_RTOL, BF16_ATOL = 2 ** -7, 1e-3
+BF16_RTOL, BF16_ATOL = 2**-7, 1e-3
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -79,11 +95,18 @@ def test_kernels_match_dequantize_then_matmul(weight, mode, rows):
     model.load_state_dict(state)
     assert isinstance(model[0], Int8Linear if mode == "int8" else Int4Linear)
     x = torch.randn(rows, 192)
-    if mode == "int8" and rows > PREFILL_ROWS:   # dequantize, then an fp32 matmul
-        assert_close(model(x), reference_linear(x, state, "0", mode), atol=1e-4, what="int8 prefill")
+    if mode == "int8" and rows > PREFILL_ROWS:  # dequantize, then an fp32 matmul
+        assert_close(
+            model(x), reference_linear(x, state, "0", mode), atol=1e-4, what="int8 prefill"
+        )
     else:
-        assert_close(model(x), kernel_reference(x, state, "0", mode), atol=BF16_ATOL, rtol=BF16_RTOL,
-                     what=f"{mode} kernel")
+        assert_close(
+            model(x),
+            kernel_reference(x, state, "0", mode),
+            atol=BF16_ATOL,
+            rtol=BF16_RTOL,
+            what=f"{mode} kernel",
+        )
 
 
 @pytest.mark.parametrize("rows", [7, 40])
@@ -103,42 +126,61 @@ def test_int4_prefill_copy_is_the_dequantized_weights(weight, rows, copy_dtype):
     assert torch.equal(model[0].prefill_weight, w.to(copy_dtype))
     x = torch.randn(rows, 192)
     if rows <= PREFILL_ROWS:
-        assert_close(model(x), kernel_reference(x, state, "0", "int4"), atol=BF16_ATOL, rtol=BF16_RTOL, what="kernel")
+        assert_close(
+            model(x),
+            kernel_reference(x, state, "0", "int4"),
+            atol=BF16_ATOL,
+            rtol=BF16_RTOL,
+            what="kernel",
+        )
     elif copy_dtype == torch.float32:
         assert_close(model(x), x @ w.T, atol=1e-5, rtol=1e-5, what="fp32 copy")
     else:
-        assert_close(model(x), torch.nn.functional.linear(bf16(x), bf16(w)), atol=BF16_ATOL, rtol=BF16_RTOL,
-                     what="bf16 copy")
+        assert_close(
+            model(x),
+            torch.nn.functional.linear(bf16(x), bf16(w)),
+            atol=BF16_ATOL,
+            rtol=BF16_RTOL,
+            what="bf16 copy",
+        )
 
 
 def test_prefill_copies_where_asked_or_small(monkeypatch):
-    from msa_models import quantize
+    from msa.models import quantize
 
     monkeypatch.setenv("MSA_PREFILL_COPY", "bf16")
-    assert quantize.prefill_copy_dtype(10 ** 12) == torch.bfloat16
+    assert quantize.prefill_copy_dtype(10**12) == torch.bfloat16
     monkeypatch.setenv("MSA_PREFILL_COPY", "fp32")
     assert quantize.prefill_copy_dtype(1000) == torch.float32
     monkeypatch.setenv("MSA_PREFILL_COPY", "none")
     assert quantize.prefill_copy_dtype(1000) is None
     monkeypatch.delenv("MSA_PREFILL_COPY")
     monkeypatch.setattr(quantize, "native_bf16", lambda: True)
-    assert quantize.prefill_copy_dtype(100_000_000) == torch.bfloat16     # the embedded model's size
-    assert quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES) is None   # 2 bytes a weight: too big
+    assert quantize.prefill_copy_dtype(100_000_000) == torch.bfloat16  # the embedded model's size
+    assert (
+        quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES) is None
+    )  # 2 bytes a weight: too big
     monkeypatch.setattr(quantize, "native_bf16", lambda: False)
     assert quantize.prefill_copy_dtype(100_000_000) == torch.float32
-    assert quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES // 2) is None   # 4 bytes a weight
+    assert (
+        quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES // 2) is None
+    )  # 4 bytes a weight
 
 
 def test_a_prefill_copy_changes_the_weights_identity():
-    from msa_models.loading import computed_digest
+    from msa.models.loading import computed_digest
 
-    digests = {computed_digest("abc", "int4", "fp32", prefill_copy=c) for c in (None, "bf16", "fp32")}
+    digests = {
+        computed_digest("abc", "int4", "fp32", prefill_copy=c) for c in (None, "bf16", "fp32")
+    }
     assert len(digests) == 3
 
 
 def random_tiny_model(seed=1, **overrides):
     torch.manual_seed(seed)
-    config = ModelConfig.tiny(hidden_size=64, intermediate_size=128, num_attention_heads=4, **overrides)
+    config = ModelConfig.tiny(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, **overrides
+    )
     model = Transformer(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -153,7 +195,9 @@ def dequantized_twin(model, state):
         for name, module in twin.named_modules():
             if f"{name}.scales" in state and isinstance(module, torch.nn.Linear):
                 w = reference_linear(torch.eye(module.in_features), state, name).T.contiguous()
-                module.weight = torch.nn.Parameter(w)   # unties a tied head: the embedding stays fp32
+                module.weight = torch.nn.Parameter(
+                    w
+                )  # unties a tied head: the embedding stays fp32
     return twin
 
 

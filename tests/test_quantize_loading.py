@@ -9,23 +9,37 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import assert_close
+from tiny_checkpoints import random_llama_weights, write_tiny_gguf
 from typer.testing import CliRunner
 
-from conftest import assert_close
-from msa_cli.app import app
-from msa_models import ModelConfig
-from msa_models.loading import load_model
-from msa_models.quantize import Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, quantize_int8
-from tiny_checkpoints import random_llama_weights, write_tiny_gguf
+from msa.app import app
+from msa.models import ModelConfig
+from msa.models.loading import load_model
+from msa.models.quantize import (
+    Int4Linear,
+    Int8Linear,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int8,
+)
 
 gguf = pytest.importorskip("gguf")
 
 
 def tiny_config() -> ModelConfig:
     # every input width a multiple of Q4_1's block of 32, every output of 16 (the int4 kernel's needs)
-    return ModelConfig(vocab_size=262, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
-                       max_position_embeddings=256, tie_word_embeddings=True)
+    return ModelConfig(
+        vocab_size=262,
+        hidden_size=192,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
 
 
 @pytest.fixture
@@ -42,7 +56,7 @@ def logits(loaded, ids=(5, 9, 40, 41, 42, 100, 7, 3)):
 def test_q4_1_blocks_become_int4_exactly():
     from gguf.quants import dequantize, quantize
 
-    from msa_models.gguf_q4 import q4_1_blocks_to_int4
+    from msa.models.gguf_q4 import q4_1_blocks_to_int4
 
     w = (np.random.default_rng(0).standard_normal((8, 128)) * 0.1).astype(np.float32)
     qt = gguf.GGMLQuantizationType.Q4_1
@@ -54,21 +68,29 @@ def test_q4_1_blocks_become_int4_exactly():
 
 
 def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
-    plain = load_model(str(q4_gguf), converted_root=None, fuse=False, quant="none")   # Q4_1 dequantized to fp32
+    plain = load_model(
+        str(q4_gguf), converted_root=None, fuse=False, quant="none"
+    )  # Q4_1 dequantized to fp32
     quant = load_model(str(q4_gguf), converted_root=None, quant="int4", fuse=False)
-    default = load_model(str(q4_gguf), converted_root=None, fuse=False)    # as stored: Q4_1 layers are int4
+    default = load_model(
+        str(q4_gguf), converted_root=None, fuse=False
+    )  # as stored: Q4_1 layers are int4
     assert (plain.weights, quant.weights, default.weights) == ("fp32", "int4", "int4")
     assert default.digest == quant.digest and torch.equal(logits(default), logits(quant))
     layer = quant.model.layers[1]
-    assert isinstance(layer.self_attn.q_proj, Int4Linear) and isinstance(layer.mlp.down_proj, Int4Linear)
-    assert isinstance(quant.model.lm_head, Int8Linear)                       # the head: int8
-    assert quant.digest != plain.digest                                      # the prefix cache tells them apart
+    assert isinstance(layer.self_attn.q_proj, Int4Linear) and isinstance(
+        layer.mlp.down_proj, Int4Linear
+    )
+    assert isinstance(quant.model.lm_head, Int8Linear)  # the head: int8
+    assert quant.digest != plain.digest  # the prefix cache tells them apart
     # the reference: the dequantized model, with the head's int8 rounding of the embedding
     reference = copy.deepcopy(plain.model)
     embedding = plain.model.embed_tokens.weight.detach()
     reference.lm_head = torch.nn.Linear(192, 262, bias=False)
     reference.lm_head.weight = torch.nn.Parameter(dequantize_int8(*quantize_int8(embedding)))
-    expected = reference(torch.tensor([5, 9, 40, 41, 42, 100, 7, 3]), reference.new_cache(), all_logits=True)
+    expected = reference(
+        torch.tensor([5, 9, 40, 41, 42, 100, 7, 3]), reference.new_cache(), all_logits=True
+    )
     # the kernels take bf16 activations: on logits up to ~5, a whole bf16 copy of the reference
     # is off by ~0.09 and this by ~0.12; the most likely tokens stay the same
     got = logits(quant)
@@ -83,12 +105,14 @@ def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, 
     quant = load_model(str(q4_gguf), converted_root=None)
     monkeypatch.setenv("MSA_PREFILL_COPY", "none")
     without = load_model(str(q4_gguf), converted_root=None)
-    assert len({quant.digest, without.digest}) == 2                         # K/V differ: the prefix cache keys on it
+    assert len({quant.digest, without.digest}) == 2  # K/V differ: the prefix cache keys on it
     plain = load_model(str(q4_gguf), converted_root=None, quant="none")
     reference = copy.deepcopy(plain.model)
     reference.lm_head = torch.nn.Linear(192, 262, bias=False)
-    reference.lm_head.weight = torch.nn.Parameter(dequantize_int8(*quantize_int8(plain.model.embed_tokens.weight.detach())))
-    ids = list(range(3, 243, 6))                                             # 40 tokens: one prefill chunk
+    reference.lm_head.weight = torch.nn.Parameter(
+        dequantize_int8(*quantize_int8(plain.model.embed_tokens.weight.detach()))
+    )
+    ids = list(range(3, 243, 6))  # 40 tokens: one prefill chunk
     expected = reference(torch.tensor(ids), reference.new_cache(), all_logits=True)
     assert_close(logits(quant, ids), expected, atol=1e-4, what="fp32 copy")
 
@@ -96,7 +120,7 @@ def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, 
 def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_path, monkeypatch):
     """The first int4 load reads the Q4_1 blocks out of the GGUF and keeps them; the next takes
     the kept copy without parsing the GGUF's metadata, and computes the same."""
-    from msa_models.gguf_loader import Q4_1_COPY
+    from msa.models.gguf_loader import Q4_1_COPY
 
     first = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
     kept = list((tmp_path / "converted").glob(f"*/{Q4_1_COPY}"))
@@ -104,7 +128,7 @@ def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_
     monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("parsed the GGUF again"))
     second = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
     assert torch.equal(logits(first), logits(second))
-    kept[0].write_bytes(b"not safetensors")                       # damaged: read from the GGUF again
+    kept[0].write_bytes(b"not safetensors")  # damaged: read from the GGUF again
     monkeypatch.undo()
     third = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
     assert torch.equal(logits(first), logits(third))
@@ -117,7 +141,12 @@ def test_fused_projections_compute_what_separate_ones_do(q4_gguf, quant):
     attention = fused.model.layers[0].self_attn
     assert attention.fused_sizes == [192, 64, 64] and not hasattr(attention, "q_proj")
     # the same weights by rows; a wider matmul may sum in another order
-    assert_close(logits(fused), logits(separate), atol=1e-4 if quant == "none" else 2e-2, what=f"fused {quant}")
+    assert_close(
+        logits(fused),
+        logits(separate),
+        atol=1e-4 if quant == "none" else 2e-2,
+        what=f"fused {quant}",
+    )
 
 
 @pytest.fixture
@@ -137,11 +166,13 @@ def test_quantize_writes_a_copy_that_loads_by_name(run, q4_gguf, tmp_path):
     listed = {row["name"]: row for row in json.loads(run("models", "--json").stdout)}
     assert listed["tiny-int4"]["installed"] and listed["tiny-int4"]["size_bytes"] > 0
 
-    from msa_cli.paths import quantized_models_dir
+    from msa.paths import quantized_models_dir
 
     copy_ = load_model("tiny-int4", quantized_root=quantized_models_dir())
     on_load = load_model(str(q4_gguf), converted_root=None, quant="int4")
-    assert copy_.quantization == "int4" and isinstance(copy_.model.layers[0].mlp.down_proj, Int4Linear)
+    assert copy_.quantization == "int4" and isinstance(
+        copy_.model.layers[0].mlp.down_proj, Int4Linear
+    )
     assert torch.equal(logits(copy_), logits(on_load))
 
     doc = tmp_path / "doc.txt"
@@ -151,11 +182,25 @@ def test_quantize_writes_a_copy_that_loads_by_name(run, q4_gguf, tmp_path):
     assert json.loads(result.stdout)["model"] == "tiny-int4"
 
 
-@pytest.mark.parametrize("quant,dtype", [("int8", "fp32"), ("int4", "bf16"), ("none", "bf16"), (None, "fp32")])
+@pytest.mark.parametrize(
+    "quant,dtype", [("int8", "fp32"), ("int4", "bf16"), ("none", "bf16"), (None, "fp32")]
+)
 def test_ask_quantizes_on_load(run, q4_gguf, tmp_path, quant, dtype):
     doc = tmp_path / "doc.txt"
     doc.write_text("hello hello world")
-    args = ["ask", doc, "hello?", "--model", q4_gguf, "-n", "3", "--json", "--no-cache", "--dtype", dtype]
+    args = [
+        "ask",
+        doc,
+        "hello?",
+        "--model",
+        q4_gguf,
+        "-n",
+        "3",
+        "--json",
+        "--no-cache",
+        "--dtype",
+        dtype,
+    ]
     result = run(*args, *(["--quant", quant] if quant else []))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["generated_tokens"] >= 1
@@ -166,7 +211,7 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
     result = run("quantize", "no-such-model", "--to", "int8")
     assert result.exit_code == 4 and result.stderr.startswith("msa: error: unknown model")
     assert run("quantize", q4_gguf, "--to", "int8").exit_code == 0
-    result = run("quantize", "tiny-int8", "--to", "int4")                   # a copy is not quantized again
+    result = run("quantize", "tiny-int8", "--to", "int4")  # a copy is not quantized again
     assert result.exit_code == 4 and "quantize its base model" in result.stderr
     doc = tmp_path / "doc.txt"
     doc.write_text("hello")
@@ -175,9 +220,12 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
     result = run("ask", doc, "q", "--model", "tiny-int8", "--quant", "int4")
     assert result.exit_code == 4 and "already quantized to int8" in result.stderr
     result = run("ask", doc, "q", "--model", "tiny-int8", "--quant", "none")
-    assert result.exit_code == 4 and "load its base model tiny for floating-point weights" in result.stderr
+    assert (
+        result.exit_code == 4
+        and "load its base model tiny for floating-point weights" in result.stderr
+    )
 
-    from msa_cli.paths import quantized_models_dir
+    from msa.paths import quantized_models_dir
 
     (quantized_models_dir() / "tiny-int8" / "model.safetensors").write_bytes(b"not safetensors")
     result = run("ask", doc, "q", "--model", "tiny-int8")
@@ -186,8 +234,19 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
 
 
 def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
-    result = run("bench", "e2e", "--model", q4_gguf, "--length", "64,96", "--decode-tokens", "2",
-                 "--quant", "int4", "--json")
+    result = run(
+        "bench",
+        "e2e",
+        "--model",
+        q4_gguf,
+        "--length",
+        "64,96",
+        "--decode-tokens",
+        "2",
+        "--quant",
+        "int4",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [r["length"] for r in rows] == [64, 96]

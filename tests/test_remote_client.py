@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from serving import serving
 from typer.testing import CliRunner
 
-from msa_cli.app import app
-from msa_cli.prompt import build_prompt
-from msa_cli.remote_commands import LOCAL_ONLY_SOURCES
-from msa_models.attention_settings import AttentionSettings
-
-from serving import serving
+from msa.app import app
+from msa.models.attention_settings import AttentionSettings
+from msa.prompt import build_prompt
+from msa.remote_commands import LOCAL_ONLY_SOURCES
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "harbor-town.txt"
 QUESTION = "What was the name of the first keeper?"
@@ -51,9 +50,12 @@ def test_ask_through_the_server_answers_as_the_local_engine_does(embedded):
     remote = json.loads(as_json.stdout)
     assert remote["answer"] == reference["answer"]
     assert remote["model"] == "smollm2-135m" and remote["server"] == f"{url}/v1"
-    assert (remote["prompt_tokens"], remote["generated_tokens"], remote["finish_reason"]) == \
-           (reference["prompt_tokens"], reference["generated_tokens"], reference["finish_reason"])
-    assert remote["cached_tokens"] == context     # the server read the document from msa ask's cache
+    assert (remote["prompt_tokens"], remote["generated_tokens"], remote["finish_reason"]) == (
+        reference["prompt_tokens"],
+        reference["generated_tokens"],
+        reference["finish_reason"],
+    )
+    assert remote["cached_tokens"] == context  # the server read the document from msa ask's cache
 
 
 @pytest.mark.slow
@@ -63,11 +65,20 @@ def test_chat_through_the_server(embedded):
     first_answer = json.loads(local.stdout)["answer"]
     context = build_prompt(embedded.tokenizer, EXAMPLE.read_text(), QUESTION).context_length
     with serving(embedded) as url:
-        result = run("chat", "-c", EXAMPLE, "-n", "8", "-q", "--server", url,
-                     input=f"{QUESTION}\n/sources\nWhere is Corran Point?\n/stats\n")
+        result = run(
+            "chat",
+            "-c",
+            EXAMPLE,
+            "-n",
+            "8",
+            "-q",
+            "--server",
+            url,
+            input=f"{QUESTION}\n/sources\nWhere is Corran Point?\n/stats\n",
+        )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == first_answer             # the first turn is msa ask's prompt
+    assert lines[0] == first_answer  # the first turn is msa ask's prompt
     assert lines[1] == LOCAL_ONLY_SOURCES
     assert lines[2].strip()
     assert lines[3].startswith("documents: 1 files, answered by smollm2-135m")
@@ -81,24 +92,30 @@ def test_a_refused_key_is_one_line_and_exit_code_6(embedded):
     with serving(embedded, api_key="right") as url:
         wrong = run("ask", EXAMPLE, QUESTION, "--server", url, "--api-key", "wrong")
         missing = run("ask", EXAMPLE, QUESTION, "--server", url)
-        other_model = run("ask", EXAMPLE, QUESTION, "--server", url, "--api-key", "right", "-m", "qwen3-0.6b")
+        other_model = run(
+            "ask", EXAMPLE, QUESTION, "--server", url, "--api-key", "right", "-m", "qwen3-0.6b"
+        )
     for result in (wrong, missing):
         line = one_error_line(result, 6)
-        assert f"the server at {url}/v1 refused the API key (HTTP 401" in line and "--api-key" in line
+        assert (
+            f"the server at {url}/v1 refused the API key (HTTP 401" in line and "--api-key" in line
+        )
     assert "does not serve 'qwen3-0.6b' (it serves: smollm2-135m)" in one_error_line(other_model, 6)
 
 
 @pytest.mark.slow
 def test_a_prompt_too_long_for_the_server_is_exit_code_5(embedded, tmp_path):
     long_document = tmp_path / "long.txt"
-    long_document.write_text("The tide came in over the rocks of Corran Point. " * 900)    # about 10K tokens
+    long_document.write_text(
+        "The tide came in over the rocks of Corran Point. " * 900
+    )  # about 10K tokens
     with serving(embedded, attention=AttentionSettings(mode="dense")) as url:
         result = run("ask", long_document, "Where?", "-n", "8", "--server", url)
     assert "8,192" in one_error_line(result, 5)
 
 
 def test_a_dead_server_is_one_line_and_exit_code_6():
-    with socket.socket() as sock:          # a port that was free a moment ago: nothing listens there
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     line = one_error_line(run("ask", EXAMPLE, QUESTION, "--server", f"http://127.0.0.1:{port}"), 6)
@@ -106,17 +123,21 @@ def test_a_dead_server_is_one_line_and_exit_code_6():
 
 
 def test_a_server_that_never_answers_times_out():
-    with socket.socket() as sock:          # accepts connections (the backlog) and never answers them
+    with socket.socket() as sock:  # accepts connections (the backlog) and never answers them
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         result = run("ask", EXAMPLE, QUESTION, "--server", url, "--timeout", "0.5")
-    assert f"the server at {url}/v1 did not answer within 0.5 s (--timeout)" in one_error_line(result, 6)
+    assert f"the server at {url}/v1 did not answer within 0.5 s (--timeout)" in one_error_line(
+        result, 6
+    )
 
 
 def test_local_engine_features_say_so_with_a_server():
     result = run("ask", EXAMPLE, QUESTION, "--server", "http://127.0.0.1:9", "--sources")
-    assert result.exit_code == 2 and "--sources" in result.stderr and "local engine" in result.stderr
+    assert (
+        result.exit_code == 2 and "--sources" in result.stderr and "local engine" in result.stderr
+    )
 
 
 def test_a_server_url_must_be_http():
@@ -126,8 +147,12 @@ def test_a_server_url_must_be_http():
 
 def test_a_client_does_not_load_pytorch():
     # the whole `msa ask --server` path, in a fresh interpreter, to its error for a dead port
-    code = ("import sys, msa_cli.app\n"
-            "sys.argv = ['msa', 'ask', sys.argv[1], 'q', '--server', 'http://127.0.0.1:9']\n"
-            "try:\n    msa_cli.app.main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, msa.app\n"
+        "sys.argv = ['msa', 'ask', sys.argv[1], 'q', '--server', 'http://127.0.0.1:9']\n"
+        "try:\n    msa.app.main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, timeout=120
+    )
     assert done.stdout.split() == ["6", "False"], done.stdout + done.stderr

@@ -8,32 +8,66 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from msa_cli.app import app
-from msa_cli.context import read_context
-from msa_cli.prompt import Prompt
-from msa_cli.sources import _block_sources
+from msa.app import app
+from msa.context import read_context
+from msa.prompt import Prompt
+from msa.sources import _block_sources
 
 TOPICS = [
- "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops running for a few weeks until the current slows again.",
- "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are pressed into cider in the old stone barn, and the rest are sold at the Saturday market along with honey and walnuts.",
- "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
- "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the doorsteps, and the town built a new sea wall the following year, paid for by a tax on fishing licences.",
- "The library of {p} holds {k} thousand books, among them a collection of old maps of the region. It is open every weekday morning, and on Thursdays a volunteer reads stories to children in the garden.",
- "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs through pine forest and then over bare rock, and walkers are advised to start before dawn in July.",
- "The football club of {p} first played in {y}. It plays in green shirts, and its small wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the country.",
- "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was once a wool warehouse, and the pupils grow vegetables in a long garden behind the playground.",
- "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen fifties, and after a restoration its sails turn again on the first Sunday of each month.",
- "The choir of {p} sings every December in the market square. It has {k} members, and its oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
+    "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops running for a few weeks until the current slows again.",
+    "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are pressed into cider in the old stone barn, and the rest are sold at the Saturday market along with honey and walnuts.",
+    "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
+    "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the doorsteps, and the town built a new sea wall the following year, paid for by a tax on fishing licences.",
+    "The library of {p} holds {k} thousand books, among them a collection of old maps of the region. It is open every weekday morning, and on Thursdays a volunteer reads stories to children in the garden.",
+    "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs through pine forest and then over bare rock, and walkers are advised to start before dawn in July.",
+    "The football club of {p} first played in {y}. It plays in green shirts, and its small wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the country.",
+    "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was once a wool warehouse, and the pupils grow vegetables in a long garden behind the playground.",
+    "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen fifties, and after a restoration its sails turn again on the first Sunday of each month.",
+    "The choir of {p} sings every December in the market square. It has {k} members, and its oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
 ]
-NAMES = ["Alder","Bramley","Carrow","Dunmore","Elsby","Fenwick","Garth","Halloway","Ivel","Jorden","Kestle","Lanyon","Morvah","Nancledra","Orme","Penrose","Quarne","Redruth","Sennen","Tregony","Ulverly","Veryan","Wadebridge","Yelland","Zennor"]
-TARGET = ("The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked rye bread "
-          "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every morning.")
+NAMES = [
+    "Alder",
+    "Bramley",
+    "Carrow",
+    "Dunmore",
+    "Elsby",
+    "Fenwick",
+    "Garth",
+    "Halloway",
+    "Ivel",
+    "Jorden",
+    "Kestle",
+    "Lanyon",
+    "Morvah",
+    "Nancledra",
+    "Orme",
+    "Penrose",
+    "Quarne",
+    "Redruth",
+    "Sennen",
+    "Tregony",
+    "Ulverly",
+    "Veryan",
+    "Wadebridge",
+    "Yelland",
+    "Zennor",
+]
+TARGET = (
+    "The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked rye bread "
+    "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every morning."
+)
+
+
 def _document(n=40, depth=0.6, seed=1):
     r = random.Random(seed)
     paras = []
     for i in range(n):
         t = TOPICS[i % len(TOPICS)]
-        paras.append(t.format(n=r.choice(NAMES), p=r.choice(NAMES), k=r.randint(12, 900), y=r.randint(1700, 1990)))
+        paras.append(
+            t.format(
+                n=r.choice(NAMES), p=r.choice(NAMES), k=r.randint(12, 900), y=r.randint(1700, 1990)
+            )
+        )
     at = int(n * depth)
     paras.insert(at, TARGET)
     return "\n\n".join(paras) + "\n", at
@@ -41,25 +75,49 @@ def _document(n=40, depth=0.6, seed=1):
 
 @pytest.mark.slow
 def test_the_paragraph_that_holds_the_answer_ranks_first(embedded, tmp_path):
-    text, _ = _document(n=56)                              # about 2,900 tokens, 45 blocks
+    text, _ = _document(n=56)  # about 2,900 tokens, 45 blocks
     doc = tmp_path / "town.txt"
     doc.write_text(text)
-    line = text[:text.index(TARGET)].count("\n") + 1
-    result = CliRunner().invoke(app, ["ask", str(doc), "Who founded the bakery on Willow Lane?", "-n", "2",
-                                      "--sources", "--json", "--no-cache"])
+    line = text[: text.index(TARGET)].count("\n") + 1
+    result = CliRunner().invoke(
+        app,
+        [
+            "ask",
+            str(doc),
+            "Who founded the bakery on Willow Lane?",
+            "-n",
+            "2",
+            "--sources",
+            "--json",
+            "--no-cache",
+        ],
+    )
     assert result.exit_code == 0, result.output
     sources = json.loads(result.stdout)["sources"]
     top = sources[0]
     assert top["path"] == str(doc) and top["start_line"] <= line <= top["end_line"]
     assert "Willow Lane" in top["text"] and top["text"] in text
-    assert 0 < top["score"] <= 1 and [s["score"] for s in sources] == sorted((s["score"] for s in sources), reverse=True)
+    assert 0 < top["score"] <= 1 and [s["score"] for s in sources] == sorted(
+        (s["score"] for s in sources), reverse=True
+    )
 
 
 @pytest.mark.slow
 def test_sources_on_the_terminal_and_from_stdin(embedded):
     text, _ = _document(n=4, seed=3)
-    result = CliRunner().invoke(app, ["ask", "-", "Who founded the bakery on Willow Lane?", "-n", "1", "--sources",
-                                      "--no-cache"], input=text)
+    result = CliRunner().invoke(
+        app,
+        [
+            "ask",
+            "-",
+            "Who founded the bakery on Willow Lane?",
+            "-n",
+            "1",
+            "--sources",
+            "--no-cache",
+        ],
+        input=text,
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[2] == "Sources:" and len(lines) > 3
@@ -70,10 +128,15 @@ def test_a_block_across_two_files_is_a_part_in_each(tmp_path):
     (tmp_path / "a.txt").write_text("one\ntwo\n")
     (tmp_path / "b.txt").write_text("three\nfour\n")
     ctx = read_context([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")])
-    offsets = [(i, i + 1) for i in range(len(ctx.text))]       # a token per character
+    offsets = [(i, i + 1) for i in range(len(ctx.text))]  # a token per character
     prompt = Prompt(head=[0] * 4, document=[0] * len(ctx.text), tail=[], document_offsets=offsets)
-    block_size = 4 + len(ctx.text)                              # one block holds both files
+    block_size = 4 + len(ctx.text)  # one block holds both files
     parts = _block_sources(0, 1.0, block_size, prompt, ctx)
     assert [(s.path, s.start_line, s.end_line, s.text) for s in parts] == [
-        (str(tmp_path / "a.txt"), 1, 2, "one\ntwo"), (str(tmp_path / "b.txt"), 1, 2, "three\nfour")]
-    assert [round(s.score, 6) for s in parts] == [round(7 / 17, 6), round(10 / 17, 6)]   # shared by characters
+        (str(tmp_path / "a.txt"), 1, 2, "one\ntwo"),
+        (str(tmp_path / "b.txt"), 1, 2, "three\nfour"),
+    ]
+    assert [round(s.score, 6) for s in parts] == [
+        round(7 / 17, 6),
+        round(10 / 17, 6),
+    ]  # shared by characters

@@ -5,6 +5,8 @@ import sys
 
 
 def test_cli_module_imports_without_torch():
-    code = "import sys, msa_cli.app; print('torch' in sys.modules, 'msa_kernels' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = "import sys, msa.app; print('torch' in sys.modules, 'msa.kernels' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.split() == ["False", "False"]

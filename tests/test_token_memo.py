@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from msa_cli.prefix_cache import tokens as token_files
-from msa_cli.prefix_cache.tokens import TokenMemo
-from msa_cli.prompt import build_prompt
+from msa.prefix_cache import tokens as token_files
+from msa.prefix_cache.tokens import TokenMemo
+from msa.prompt import build_prompt
 
 QUESTION = "Who keeps the lighthouse?"
 
@@ -21,7 +21,11 @@ def _document(n_chars: int, seed: int = 0) -> str:
 
 
 def _memo_files(memo: TokenMemo) -> list:
-    return sorted(p for p in memo.dir.iterdir() if p.suffix == ".safetensors") if memo.dir.exists() else []
+    return (
+        sorted(p for p in memo.dir.iterdir() if p.suffix == ".safetensors")
+        if memo.dir.exists()
+        else []
+    )
 
 
 def test_a_remembered_document_gives_the_same_prompt_as_tokenizing_it(embedded, tmp_path):
@@ -31,10 +35,10 @@ def test_a_remembered_document_gives_the_same_prompt_as_tokenizing_it(embedded, 
     first = build_prompt(tok, doc, QUESTION, token_memo=memo)
     assert len(_memo_files(memo)) == 1
     second = build_prompt(tok, doc, "Another question?", token_memo=memo)
-    assert memo.ids(doc, lambda text: [])[1]                         # remembered, not tokenized
+    assert memo.ids(doc, lambda text: [])[1]  # remembered, not tokenized
     for got in (first, second):
         assert (got.head, got.document) == (fresh.head, fresh.document)
-    assert list(second.document_offsets) == list(fresh.document_offsets)   # re-made on demand
+    assert list(second.document_offsets) == list(fresh.document_offsets)  # re-made on demand
 
 
 def test_a_damaged_or_foreign_memo_is_tokenized_again(embedded, tmp_path):
@@ -44,13 +48,13 @@ def test_a_damaged_or_foreign_memo_is_tokenized_again(embedded, tmp_path):
     memo.ids(doc, tok.encode)
     path = _memo_files(memo)[0]
     data = bytearray(path.read_bytes())
-    data[-8:] = bytes(8)                                              # flip the last ids
+    data[-8:] = bytes(8)  # flip the last ids
     path.write_bytes(bytes(data))
     assert memo.ids(doc, tok.encode) == (expected, False)
-    assert memo.ids(doc, tok.encode) == (expected, True)              # written again, and sound
-    path.write_bytes(path.read_bytes()[:100])                         # truncated
+    assert memo.ids(doc, tok.encode) == (expected, True)  # written again, and sound
+    path.write_bytes(path.read_bytes()[:100])  # truncated
     assert memo.ids(doc, tok.encode) == (expected, False)
-    other = TokenMemo(tmp_path, "another tokenizer")                  # never shared across tokenizers
+    other = TokenMemo(tmp_path, "another tokenizer")  # never shared across tokenizers
     assert other.ids(doc, lambda text: [7]) == ([7], False)
 
 
@@ -69,6 +73,12 @@ def test_short_texts_read_only_caches_and_the_file_limit(tmp_path, monkeypatch):
         before = set(_memo_files(memo))
         memo.ids(doc, count)
         (new,) = set(_memo_files(memo)) - before
-        os.utime(new, (1e9 + age, 1e9 + age))          # file times tick coarsely: set them apart
+        os.utime(new, (1e9 + age, 1e9 + age))  # file times tick coarsely: set them apart
     assert len(_memo_files(memo)) == 3
-    assert [memo.ids(doc, count)[1] for doc in reversed(docs)] == [True, True, True, False, False]   # the newest stay
+    assert [memo.ids(doc, count)[1] for doc in reversed(docs)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]  # the newest stay

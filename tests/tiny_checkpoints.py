@@ -16,7 +16,11 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def byte_alphabet() -> list[str]:
     """GPT-2's printable spelling of the 256 byte values (the byte-level BPE alphabet)."""
-    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    visible = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes = visible[:]
     n = 0
     for b in range(256):
@@ -37,7 +41,7 @@ def tiny_vocab() -> tuple[list[str], list[str]]:
 
 def random_llama_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
     """Weights in Hugging Face Llama naming ("model.layers.0.self_attn.q_proj.weight", ...)."""
-    from msa_models import Transformer
+    from msa.models import Transformer
 
     torch.manual_seed(seed)
     model = Transformer(config)
@@ -52,7 +56,7 @@ def random_llama_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def tiny_model(**overrides):
     """A tiny random Llama-family model (ModelConfig.tiny) with seeded weights."""
-    from msa_models import ModelConfig, Transformer
+    from msa.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig.tiny(**overrides)).eval()
@@ -69,16 +73,26 @@ def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 _GGUF_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
-def write_tiny_gguf(path: Path, config, weights: dict[str, torch.Tensor], *, qtype: str = "F32",
-                    skip: tuple[str, ...] = ()) -> None:
+def write_tiny_gguf(
+    path: Path,
+    config,
+    weights: dict[str, torch.Tensor],
+    *,
+    qtype: str = "F32",
+    skip: tuple[str, ...] = (),
+) -> None:
     """Write `weights` (HF names) as a llama GGUF; 2-D weights stored as `qtype`."""
     import gguf
     from gguf.quants import quantize

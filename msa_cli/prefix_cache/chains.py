@@ -32,10 +32,10 @@ class Chain:
     id: str
     identity: str
     model: str
-    source: str              # the document as the user named it (a path, or "stdin")
-    tokens: int              # tokens of the whole context (template head + document)
+    source: str  # the document as the user named it (a path, or "stdin")
+    tokens: int  # tokens of the whole context (template head + document)
     block_size: int
-    blocks: list[str]        # block keys, first to last (the last may be partial)
+    blocks: list[str]  # block keys, first to last (the last may be partial)
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
@@ -109,12 +109,16 @@ class ChainIndex:
             total += sum(e.stat().st_size for e in os.scandir(self.dir) if e.is_file())
         return total
 
-    def remove(self, chain: Chain, *, others: list[Chain], keep: frozenset[str] = frozenset()) -> int:
+    def remove(
+        self, chain: Chain, *, others: list[Chain], keep: frozenset[str] = frozenset()
+    ) -> int:
         """Delete a chain: its blocks from the tail, except those that `others` or `keep` hold,
         then its manifest. Returns the bytes freed. (Call under the store's lock.)"""
         held = {key for other in others if other.id != chain.id for key in other.blocks} | keep
         freed = 0
-        for key in reversed(chain.blocks):     # from the tail: a half-done removal leaves a valid prefix
+        for key in reversed(
+            chain.blocks
+        ):  # from the tail: a half-done removal leaves a valid prefix
             if key not in held:
                 freed += self.store.remove(key)
         with contextlib.suppress(FileNotFoundError):
@@ -123,8 +127,14 @@ class ChainIndex:
             path.unlink()
         return freed
 
-    def evict(self, max_bytes: int, *, incoming: int = 0, keep: frozenset[str] = frozenset(),
-              keep_chain: str | None = None) -> bool:
+    def evict(
+        self,
+        max_bytes: int,
+        *,
+        incoming: int = 0,
+        keep: frozenset[str] = frozenset(),
+        keep_chain: str | None = None,
+    ) -> bool:
         """Make the cache plus `incoming` bytes fit in `max_bytes`: first drop temporary files
         that killed writers left, unreadable manifests and orphan blocks, then whole chains,
         least recently used first. Never removes the blocks in `keep` or the chain `keep_chain`

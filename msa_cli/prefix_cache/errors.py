@@ -1,6 +1,6 @@
 """Errors of the prefix cache's commands (an `ask` never fails because of its cache)."""
 
-from msa_models.errors import MsaError
+from msa.models.errors import MsaError
 
 
 class CacheError(MsaError):

@@ -47,25 +47,25 @@ def identity_hash(ident: dict) -> str:
 def _child_key(parent: str, ids: list[int]) -> str:
     h = hashlib.sha256(bytes.fromhex(parent))
     h.update(len(ids).to_bytes(4, "little"))
-    tokens = array("q", ids)               # int64: any vocabulary size
+    tokens = array("q", ids)  # int64: any vocabulary size
     if sys.byteorder == "big":
-        tokens.byteswap()                  # the same keys on every machine
+        tokens.byteswap()  # the same keys on every machine
     h.update(tokens.tobytes())
     return h.hexdigest()
 
 
 @dataclass(frozen=True)
 class BlockKey:
-    key: str        # 64 hex digits
-    index: int      # block number: tokens [index * block_size, index * block_size + tokens)
-    tokens: int     # block_size, or fewer for the context's last, partial block
+    key: str  # 64 hex digits
+    index: int  # block number: tokens [index * block_size, index * block_size + tokens)
+    tokens: int  # block_size, or fewer for the context's last, partial block
 
 
 def block_keys(root: str, ids: list[int], block_size: int) -> list[BlockKey]:
     """Keys of the blocks of `ids`: every full block, then the last partial one (a leaf) if any."""
     keys, parent = [], root
     for index, start in enumerate(range(0, len(ids), block_size)):
-        piece = ids[start:start + block_size]
+        piece = ids[start : start + block_size]
         parent = _child_key(parent, piece)
         keys.append(BlockKey(parent, index, len(piece)))
     return keys

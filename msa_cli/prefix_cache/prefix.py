@@ -20,7 +20,7 @@ from .keys import block_keys, identity_hash
 from .sizes import DEFAULT_MAX_BYTES, format_size
 from .store import BadBlock, BlockStore
 
-_HEADER_BYTES = 1024    # a block file's header, over its tensors' bytes (an upper bound)
+_HEADER_BYTES = 1024  # a block file's header, over its tensors' bytes (an upper bound)
 
 
 def prefix_dir(cache_root: str | Path) -> Path:
@@ -30,14 +30,23 @@ def prefix_dir(cache_root: str | Path) -> Path:
 
 @dataclass
 class CacheOptions:
-    root: Path                       # the prefix cache's folder (`prefix_dir(...)`)
+    root: Path  # the prefix cache's folder (`prefix_dir(...)`)
     max_bytes: int = DEFAULT_MAX_BYTES
-    read_only: bool = False          # --cache-ro: use what is stored, change nothing
+    read_only: bool = False  # --cache-ro: use what is stored, change nothing
 
 
 class PrefixCache:
-    def __init__(self, options: CacheOptions, *, identity: dict, context: list[int], block_size: int,
-                 source: str, model: str, note: Callable[[str], None] = lambda message: None):
+    def __init__(
+        self,
+        options: CacheOptions,
+        *,
+        identity: dict,
+        context: list[int],
+        block_size: int,
+        source: str,
+        model: str,
+        note: Callable[[str], None] = lambda message: None,
+    ):
         self.options = options
         self.store = BlockStore(options.root)
         self.index = ChainIndex(self.store)
@@ -47,7 +56,7 @@ class PrefixCache:
         self.context_tokens = len(context)
         self.chain_id = self.keys[-1].key[:16]
         self.source, self.model, self.note = source, model, note
-        self._done = 0                       # blocks [0, _done) are restored or saved
+        self._done = 0  # blocks [0, _done) are restored or saved
         self._saving = not options.read_only
         self._keep = frozenset(k.key for k in self.keys)
 
@@ -74,7 +83,7 @@ class PrefixCache:
         """Write the blocks of the context that `kv` holds complete and that are not saved yet."""
         if not self._saving:
             return
-        ready = [bk for bk in self.keys[self._done:] if self._finished(bk, kv.length)]
+        ready = [bk for bk in self.keys[self._done :] if self._finished(bk, kv.length)]
         if not ready:
             return
         blocks = [(bk, kv.export_block(bk.index)) for bk in ready]
@@ -85,8 +94,14 @@ class PrefixCache:
         if not self._guard(self._make_room, incoming):
             return
         for bk, tensors in missing:
-            written = self._guard(self.store.write, bk.key, tensors, identity=self.identity,
-                                  index=bk.index, tokens=bk.tokens)
+            written = self._guard(
+                self.store.write,
+                bk.key,
+                tensors,
+                identity=self.identity,
+                index=bk.index,
+                tokens=bk.tokens,
+            )
             if written is None:
                 return
         self._done += len(ready)
@@ -103,20 +118,29 @@ class PrefixCache:
     def _fits_budget(self, bk, tensors) -> bool:
         """Whether the whole context can be kept, judged from its first block."""
         n_blocks = len(self.keys)
-        estimate = (self._block_bytes(tensors) - _HEADER_BYTES) * self.context_tokens // bk.tokens \
-            + _HEADER_BYTES * n_blocks
+        estimate = (
+            self._block_bytes(tensors) - _HEADER_BYTES
+        ) * self.context_tokens // bk.tokens + _HEADER_BYTES * n_blocks
         if estimate <= self.options.max_bytes:
             return True
         self._saving = False
-        self.note(f"cache: {self.source} needs about {format_size(estimate)}, more than the cache's "
-                  f"{format_size(self.options.max_bytes)} budget (MSA_CACHE_MAX); answering without keeping it")
+        self.note(
+            f"cache: {self.source} needs about {format_size(estimate)}, more than the cache's "
+            f"{format_size(self.options.max_bytes)} budget (MSA_CACHE_MAX); answering without keeping it"
+        )
         return False
 
     def _write_manifest(self) -> None:
         """Mark this chain used now, writing its manifest if it has none (under the lock)."""
         chain = self.index.load(self.chain_id) or Chain(
-            id=self.chain_id, identity=self.identity, model=self.model, source=self.source,
-            tokens=self.context_tokens, block_size=self.block_size, blocks=[k.key for k in self.keys])
+            id=self.chain_id,
+            identity=self.identity,
+            model=self.model,
+            source=self.source,
+            tokens=self.context_tokens,
+            block_size=self.block_size,
+            blocks=[k.key for k in self.keys],
+        )
         chain.source, chain.last_used = self.source, time.time()
         self.index.save(chain)
 
@@ -130,12 +154,15 @@ class PrefixCache:
         `incoming` more bytes fit the budget."""
         with self.store.lock():
             self._write_manifest()
-            fits = self.index.evict(self.options.max_bytes, incoming=incoming, keep=self._keep,
-                                    keep_chain=self.chain_id)
+            fits = self.index.evict(
+                self.options.max_bytes, incoming=incoming, keep=self._keep, keep_chain=self.chain_id
+            )
         if not fits:
             self._saving = False
-            self.note(f"cache: the cache's {format_size(self.options.max_bytes)} budget is full with blocks "
-                      f"in use; not keeping the rest of {self.source}")
+            self.note(
+                f"cache: the cache's {format_size(self.options.max_bytes)} budget is full with blocks "
+                f"in use; not keeping the rest of {self.source}"
+            )
         return fits
 
     def _guard(self, action, *args, **kwargs):
@@ -145,7 +172,9 @@ class PrefixCache:
         except (OSError, CacheBusyError) as e:
             self._saving = False
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            self.note(f"cache: cannot write to {self.options.root} ({reason}); answering without saving")
+            self.note(
+                f"cache: cannot write to {self.options.root} ({reason}); answering without saving"
+            )
             return None
 
     def _drop(self, bk, reason: str) -> None:
@@ -158,4 +187,6 @@ class PrefixCache:
                 self.store.remove(bk.key)
             except OSError:
                 action = "could not drop it"
-        self.note(f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token {start:,}")
+        self.note(
+            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token {start:,}"
+        )

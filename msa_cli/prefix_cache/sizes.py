@@ -7,11 +7,20 @@ import re
 
 from .errors import CacheError
 
-DEFAULT_MAX_BYTES = 10 * 1000**3   # 10 GB
+DEFAULT_MAX_BYTES = 10 * 1000**3  # 10 GB
 BUDGET_ENV = "MSA_CACHE_MAX"
 
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-          "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 
 

@@ -23,13 +23,13 @@ from pathlib import Path
 import filelock
 import xxhash
 
-from msa_models.atomic_write import write_atomically
+from msa.models.atomic_write import write_atomically
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
 
 LOCK_TIMEOUT_S = 60.0
-STALE_TEMP_S = 600.0    # a temporary file this old was left by a killed writer
+STALE_TEMP_S = 600.0  # a temporary file this old was left by a killed writer
 _SUFFIX = ".safetensors"
 
 
@@ -75,8 +75,10 @@ class BlockStore:
         try:
             lock.acquire()
         except filelock.Timeout:
-            raise CacheBusyError(f"the prefix cache {self.root} is locked by another msa process "
-                                 f"(waited {timeout:.0f} s); try again") from None
+            raise CacheBusyError(
+                f"the prefix cache {self.root} is locked by another msa process "
+                f"(waited {timeout:.0f} s); try again"
+            ) from None
         try:
             yield
         finally:
@@ -88,8 +90,14 @@ class BlockStore:
 
         path = self.path(key)
         tensors = {name: t.contiguous() for name, t in tensors.items()}
-        metadata = {"format": str(FORMAT_VERSION), "identity": identity, "key": key,
-                    "index": str(index), "tokens": str(tokens), "checksum": checksum(tensors)}
+        metadata = {
+            "format": str(FORMAT_VERSION),
+            "identity": identity,
+            "key": key,
+            "index": str(index),
+            "tokens": str(tokens),
+            "checksum": checksum(tensors),
+        }
 
         def save(tmp: Path) -> None:
             try:
@@ -141,7 +149,7 @@ class BlockStore:
         for folder in folders:
             try:
                 entries = list(os.scandir(folder))
-            except (FileNotFoundError, NotADirectoryError):   # removed meanwhile (`msa cache clear`)
+            except (FileNotFoundError, NotADirectoryError):  # removed meanwhile (`msa cache clear`)
                 continue
             for entry in entries:
                 try:
@@ -149,7 +157,11 @@ class BlockStore:
                 except FileNotFoundError:
                     continue
                 name = entry.name
-                key = name[:-len(_SUFFIX)] if name.endswith(_SUFFIX) and not name.startswith(".") else None
+                key = (
+                    name[: -len(_SUFFIX)]
+                    if name.endswith(_SUFFIX) and not name.startswith(".")
+                    else None
+                )
                 yield key, Path(entry.path), size
 
     def temp_files(self) -> list[Path]:
@@ -169,7 +181,9 @@ def _check_metadata(meta: dict, *, key: str, identity: str, tokens: int) -> None
     if meta.get("format") != str(FORMAT_VERSION):
         raise BadBlock(f"has format version {meta.get('format')}, this msa reads {FORMAT_VERSION}")
     if meta.get("identity") != identity:
-        raise BadBlock("was made under another identity (model, tokenizer, template, dtype or attention)")
+        raise BadBlock(
+            "was made under another identity (model, tokenizer, template, dtype or attention)"
+        )
     if meta.get("key") != key:
         raise BadBlock("holds another block than its name says")
     if meta.get("tokens") != str(tokens):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from msa_models.atomic_write import write_atomically
+from msa.models.atomic_write import write_atomically
 
 from .store import checksum
 
@@ -40,7 +40,9 @@ class TokenMemo:
         whether they were remembered."""
         if len(text) < MIN_CHARS:
             return tokenize(text), False
-        h = hashlib.blake2b(digest_size=16)          # cryptographic: a crafted text cannot take another's ids
+        h = hashlib.blake2b(
+            digest_size=16
+        )  # cryptographic: a crafted text cannot take another's ids
         h.update(self.tokenizer.encode())
         h.update(b"\0")
         h.update(text.encode("utf-8", "surrogatepass"))
@@ -50,7 +52,7 @@ class TokenMemo:
             return ids, True
         ids = tokenize(text)
         if not self.read_only:
-            with contextlib.suppress(OSError):       # a full or read-only disk only costs the memo
+            with contextlib.suppress(OSError):  # a full or read-only disk only costs the memo
                 self._write(path, ids)
                 self._evict()
         return ids, False
@@ -62,8 +64,11 @@ class TokenMemo:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
                 ids = f.get_tensor("ids")
-            good = (meta.get("format") == FORMAT and meta.get("tokenizer") == self.tokenizer
-                    and meta.get("checksum") == checksum({"ids": ids}))
+            good = (
+                meta.get("format") == FORMAT
+                and meta.get("tokenizer") == self.tokenizer
+                and meta.get("checksum") == checksum({"ids": ids})
+            )
         except FileNotFoundError:
             return None
         except Exception:  # noqa: BLE001 - safetensors reports a damaged file in several ways
@@ -73,7 +78,7 @@ class TokenMemo:
                 path.unlink()
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)                           # recently used: evicted last
+            os.utime(path)  # recently used: evicted last
         return ids.tolist()
 
     def _write(self, path: Path, ids: list[int]) -> None:
@@ -81,7 +86,11 @@ class TokenMemo:
         from safetensors.torch import save_file
 
         tensor = torch.tensor(ids, dtype=torch.int32)
-        meta = {"format": FORMAT, "tokenizer": self.tokenizer, "checksum": checksum({"ids": tensor})}
+        meta = {
+            "format": FORMAT,
+            "tokenizer": self.tokenizer,
+            "checksum": checksum({"ids": tensor}),
+        }
         write_atomically(path, lambda tmp: save_file({"ids": tensor}, str(tmp), metadata=meta))
 
     def _evict(self) -> None:

@@ -20,7 +20,9 @@ from .chat_request import ApiError, ChatRequest, parse_chat_request
 from .engine import BadPrompt, Engine, Job, QueueFull
 
 
-def create_app(engine: Engine, *, api_key: str | None, max_request_bytes: int, max_tokens: int) -> Starlette:
+def create_app(
+    engine: Engine, *, api_key: str | None, max_request_bytes: int, max_tokens: int
+) -> Starlette:
     """The server's application; `engine` is started and stopped with it."""
     model = engine.loaded.name
     started = int(time.time())
@@ -31,34 +33,61 @@ def create_app(engine: Engine, *, api_key: str | None, max_request_bytes: int, m
         @functools.wraps(handler)
         async def route(request: Request):
             if api_key is not None and not _key_matches(request, api_key):
-                raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                               kind="authentication_error", code="invalid_api_key")
+                raise ApiError(
+                    401,
+                    "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
             return await handler(request)
 
         return route
 
     @guarded
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": model, "model_loaded": True,
-                             "busy": engine.busy, "queue_depth": engine.waiting})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": model,
+                "model_loaded": True,
+                "busy": engine.busy,
+                "queue_depth": engine.waiting,
+            }
+        )
 
     @guarded
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": started,
-                                                         "owned_by": "msa"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model, "object": "model", "created": started, "owned_by": "msa"}],
+            }
+        )
 
     @guarded
     async def chat_completions(request: Request):
-        chat = parse_chat_request(await _json_body(request, max_request_bytes), model=model, max_tokens_limit=max_tokens)
-        job = Job(chat.messages, chat.max_tokens, chat.temperature, chat.top_p, chat.seed,
-                  loop=asyncio.get_running_loop())
+        chat = parse_chat_request(
+            await _json_body(request, max_request_bytes), model=model, max_tokens_limit=max_tokens
+        )
+        job = Job(
+            chat.messages,
+            chat.max_tokens,
+            chat.temperature,
+            chat.top_p,
+            chat.seed,
+            loop=asyncio.get_running_loop(),
+        )
         try:
             engine.submit(job)
         except QueueFull:
-            raise ApiError(503, "the server is busy: its queue of waiting requests is full, try again later",
-                           kind="server_error", code="queue_full") from None
+            raise ApiError(
+                503,
+                "the server is busy: its queue of waiting requests is full, try again later",
+                kind="server_error",
+                code="queue_full",
+            ) from None
         try:
-            kind, value = await job.events.get()     # waits for its turn and for reading the prompt
+            kind, value = await job.events.get()  # waits for its turn and for reading the prompt
             if kind == "error":
                 raise _api_error(value)
             completion = _Completion(model, chat, value)
@@ -70,8 +99,11 @@ def create_app(engine: Engine, *, api_key: str | None, max_request_bytes: int, m
             raise
 
     return Starlette(
-        routes=[Route("/health", health), Route("/v1/models", models),
-                Route("/v1/chat/completions", chat_completions, methods=["POST"])],
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
         exception_handlers={ApiError: _error_response, HTTPException: _http_error_response},
         lifespan=functools.partial(_engine_running, engine),
     )
@@ -88,12 +120,18 @@ async def _engine_running(engine: Engine, app):
 
 def _key_matches(request: Request, api_key: str) -> bool:
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), api_key.encode()
+    )
 
 
 async def _json_body(request: Request, limit: int):
-    too_large = ApiError(400, f"the request is larger than this server's limit of {limit:,} bytes "
-                              f"(msa serve --max-request-bytes)", code="request_too_large")
+    too_large = ApiError(
+        400,
+        f"the request is larger than this server's limit of {limit:,} bytes "
+        f"(msa serve --max-request-bytes)",
+        code="request_too_large",
+    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -119,7 +157,9 @@ async def _error_response(request: Request, error: ApiError) -> JSONResponse:
 
 
 async def _http_error_response(request: Request, error: HTTPException) -> JSONResponse:
-    return JSONResponse(ApiError(error.status_code, error.detail).body(), status_code=error.status_code)
+    return JSONResponse(
+        ApiError(error.status_code, error.detail).body(), status_code=error.status_code
+    )
 
 
 class _Completion:
@@ -134,10 +174,17 @@ class _Completion:
         text = []
         async for piece in self._pieces(job):
             text.append(piece)
-        return {**self._head("chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                             "finish_reason": self._finish_reason()}],
-                "usage": self._usage()}
+        return {
+            **self._head("chat.completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(text)},
+                    "finish_reason": self._finish_reason(),
+                }
+            ],
+            "usage": self._usage(),
+        }
 
     async def stream(self, job: Job):
         """Server-sent events; when the client goes away mid-answer, the engine stops that answer."""
@@ -146,12 +193,14 @@ class _Completion:
             try:
                 async for piece in self._pieces(job):
                     yield self._chunk({"content": piece})
-            except ApiError as e:    # the status line has gone: the error is the last event
+            except ApiError as e:  # the status line has gone: the error is the last event
                 yield _event(e.body())
                 return
             yield self._chunk({}, finish_reason=self._finish_reason())
             if self.chat.include_usage:
-                yield _event({**self._head("chat.completion.chunk"), "choices": [], "usage": self._usage()})
+                yield _event(
+                    {**self._head("chat.completion.chunk"), "choices": [], "usage": self._usage()}
+                )
             yield "data: [DONE]\n\n"
         finally:
             job.cancelled = True
@@ -170,8 +219,12 @@ class _Completion:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> str:
-        return _event({**self._head("chat.completion.chunk"),
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+        return _event(
+            {
+                **self._head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+        )
 
     def _finish_reason(self) -> str:
         # "context": the model's context is full (dense attention), which OpenAI's API calls "length"
@@ -179,9 +232,12 @@ class _Completion:
 
     def _usage(self) -> dict:
         a = self.answer
-        return {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.timings.generated_tokens,
-                "total_tokens": a.prompt_tokens + a.timings.generated_tokens,
-                "prompt_tokens_details": {"cached_tokens": a.cached_tokens}}
+        return {
+            "prompt_tokens": a.prompt_tokens,
+            "completion_tokens": a.timings.generated_tokens,
+            "total_tokens": a.prompt_tokens + a.timings.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+        }
 
 
 def _event(data: dict) -> str:

@@ -10,24 +10,44 @@ ROLES = ("system", "developer", "user", "assistant")
 class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.status, self.message, self.param, self.code, self.kind = (
+            status,
+            message,
+            param,
+            code,
+            kind,
+        )
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass
 class ChatRequest:
-    messages: list[dict]          # {"role", "content": str}, "developer" read as "system"
+    messages: list[dict]  # {"role", "content": str}, "developer" read as "system"
     max_tokens: int
     temperature: float
     top_p: float
     seed: int | None
     stream: bool
-    include_usage: bool           # stream_options.include_usage: a last chunk with the usage counts
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
 
 
 def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatRequest:
@@ -35,8 +55,12 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
         raise ApiError(400, "the request body must be a JSON object")
     asked = body.get("model", model)
     if asked != model:
-        raise ApiError(404, f"this server serves the model {model!r}, not {asked!r}", param="model",
-                       code="model_not_found")
+        raise ApiError(
+            404,
+            f"this server serves the model {model!r}, not {asked!r}",
+            param="model",
+            code="model_not_found",
+        )
     n = _number(body, "n", 1, integer=True)
     if n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
@@ -44,8 +68,12 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", max_tokens_limit, integer=True)
     if not 1 <= max_tokens <= max_tokens_limit:
-        raise ApiError(400, f"max_tokens must be between 1 and {max_tokens_limit:,} on this server "
-                            f"(msa serve --max-tokens)", param="max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens must be between 1 and {max_tokens_limit:,} on this server "
+            f"(msa serve --max-tokens)",
+            param="max_tokens",
+        )
     temperature = _number(body, "temperature", 0.0)
     if not 0 <= temperature <= 2:
         raise ApiError(400, "temperature must be between 0 and 2", param="temperature")
@@ -58,9 +86,15 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", param="stream_options")
-    return ChatRequest(messages=_messages(body.get("messages")), max_tokens=max_tokens, temperature=temperature,
-                       top_p=top_p, seed=_number(body, "seed", None, integer=True), stream=stream,
-                       include_usage=bool(options.get("include_usage")))
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=_number(body, "seed", None, integer=True),
+        stream=stream,
+        include_usage=bool(options.get("include_usage")),
+    )
 
 
 def _number(body: dict, name: str, default, *, integer: bool = False):
@@ -79,7 +113,11 @@ def _messages(messages) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ApiError(400, f"{where} must be an object whose role is one of {', '.join(ROLES)}", param=where)
+            raise ApiError(
+                400,
+                f"{where} must be an object whose role is one of {', '.join(ROLES)}",
+                param=where,
+            )
         role = "system" if m["role"] == "developer" else m["role"]
         checked.append({"role": role, "content": _text(m.get("content"), where)})
     return checked
@@ -89,8 +127,13 @@ def _text(content, where: str) -> str:
     """A message's content: a string, or a list of text parts (joined); nothing else is read."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
         return "".join(p["text"] for p in content)
-    raise ApiError(400, f"{where}.content must be a string or a list of text parts (this model reads text only)",
-                   param=f"{where}.content")
+    raise ApiError(
+        400,
+        f"{where}.content must be a string or a list of text parts (this model reads text only)",
+        param=f"{where}.content",
+    )

@@ -14,13 +14,15 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from msa_models.errors import InputError, InputTooLongError, ModelError
+from msa.models.errors import InputError, InputTooLongError, ModelError
 
 from ..ask import AskSettings, stream_prompt
 from ..documents import Document
 from ..prompt import prompt_from_messages
 
-SERVED_SOURCE = "(msa serve)"   # what `msa cache ls` shows as the source of a document a request sent
+SERVED_SOURCE = (
+    "(msa serve)"  # what `msa cache ls` shows as the source of a document a request sent
+)
 
 
 class QueueFull(Exception):
@@ -87,15 +89,24 @@ class Engine:
                     self.busy = False
 
     def _answer(self, job: Job) -> None:
-        settings = dataclasses.replace(self.settings, max_tokens=job.max_tokens, temperature=job.temperature,
-                                       top_p=job.top_p, seed=job.seed)
+        settings = dataclasses.replace(
+            self.settings,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            top_p=job.top_p,
+            seed=job.seed,
+        )
         try:
             try:
                 prompt = prompt_from_messages(self.loaded.tokenizer, job.messages)
-                answer, pieces = stream_prompt(self.loaded, prompt, Document(SERVED_SOURCE, ""), settings)
+                answer, pieces = stream_prompt(
+                    self.loaded, prompt, Document(SERVED_SOURCE, ""), settings
+                )
             except InputTooLongError as e:
-                raise BadPrompt(str(e).removeprefix(f"{SERVED_SOURCE}: "), "context_length_exceeded") from None
-            except (InputError, ModelError) as e:   # no user message; the chat template refused them
+                raise BadPrompt(
+                    str(e).removeprefix(f"{SERVED_SOURCE}: "), "context_length_exceeded"
+                ) from None
+            except (InputError, ModelError) as e:  # no user message; the chat template refused them
                 raise BadPrompt(str(e)) from None
             job.emit("start", answer)
             for piece in pieces:

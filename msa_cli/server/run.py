@@ -16,7 +16,9 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror})", param_hint="--host/--port") from None
+        raise typer.BadParameter(
+            f"cannot listen on {host}:{port} ({e.strerror})", param_hint="--host/--port"
+        ) from None
     sock.listen(128)
     return sock
 
@@ -26,8 +28,17 @@ def address(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def make_app(loaded, attention, *, cache_dir: str | None, no_cache: bool, queue_size: int, api_key: str | None,
-             max_request_bytes: int, max_tokens: int):
+def make_app(
+    loaded,
+    attention,
+    *,
+    cache_dir: str | None,
+    no_cache: bool,
+    queue_size: int,
+    api_key: str | None,
+    max_request_bytes: int,
+    max_tokens: int,
+):
     """The application `msa serve` runs: `loaded` answers, with the prefix cache of `cache_dir`."""
     from ..ask import AskSettings
     from ..paths import cache_dir as resolve_cache_dir
@@ -37,16 +48,27 @@ def make_app(loaded, attention, *, cache_dir: str | None, no_cache: bool, queue_
 
     root = resolve_cache_dir(cache_dir)
     prefix_cache = None if no_cache else CacheOptions(prefix_dir(root), max_bytes=budget_from_env())
-    settings = AskSettings(show_progress=False, show_notes=False, attention=attention, prefix_cache=prefix_cache,
-                           kv_spill_dir=root / "kv")
-    return create_app(Engine(loaded, settings, queue_size=queue_size), api_key=api_key,
-                      max_request_bytes=max_request_bytes, max_tokens=max_tokens)
+    settings = AskSettings(
+        show_progress=False,
+        show_notes=False,
+        attention=attention,
+        prefix_cache=prefix_cache,
+        kv_spill_dir=root / "kv",
+    )
+    return create_app(
+        Engine(loaded, settings, queue_size=queue_size),
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        max_tokens=max_tokens,
+    )
 
 
 def uvicorn_server(app):
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    return uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
 
 
 def serve_until_stopped(app, sock: socket.socket) -> None:
