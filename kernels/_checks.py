@@ -10,20 +10,25 @@ import os
 
 import torch
 
+from ._triton import triton_installed
+
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 IMPLS = ("reference", "cpu", "triton")
 
 
 def choose_impl(impl: str | None, *tensors: torch.Tensor) -> str:
-    """Resolve `impl`: None means Triton for CUDA tensors and the CPU path otherwise."""
+    """Resolve `impl`: None means Triton for CUDA tensors (the PyTorch path where Triton, the
+    `gpu` extra, is not installed) and the CPU path otherwise."""
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     on_cuda = tensors[0].is_cuda
     if impl is None:
-        return "triton" if on_cuda else "cpu"
+        return "triton" if on_cuda and triton_installed() else "cpu"
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and not triton_installed():
+        raise ValueError("impl='triton' needs Triton: pip install 'msa[gpu]'")
     if impl == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             "impl='triton' on CPU tensors needs TRITON_INTERPRET=1 (Triton's interpreter); "

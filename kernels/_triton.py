@@ -9,12 +9,19 @@ keeps `import msa.kernels` working where Triton is not installed.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Callable
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether Triton (the `gpu` extra) can be imported; msa runs on the CPU without it."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def triton_kernel(fn: Callable):
