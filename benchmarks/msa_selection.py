@@ -53,11 +53,13 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
         cache = loaded.model.new_cache(settings=AttentionSettings(mode="dense"))
         prefill(loaded.model, cache, ids[: prompt.context_length])
         captured.clear()
-        # the attention's hook sees each layer's queries after their keys are written
-        cache.observe_queries = lambda layer, q, q_start: captured.append(
-            (q.clone(), cache.k[layer][:, : q_start + q.shape[1]].clone(), q_start)
-        )
-        prefill(loaded.model, cache, prompt.tail)
+
+        # the attention observer sees each layer's queries after their keys are written
+        def capture(cache, layer, q, q_start):
+            keys, _ = cache.fetch(layer, 0, q_start + q.shape[1])
+            captured.append((q.clone(), keys.clone(), q_start))
+
+        prefill(loaded.model, cache, prompt.tail, observer=capture)
         block = cache.block_size
         for layer, (q, keys, q_start) in enumerate(captured):
             n = keys.shape[1]
