@@ -112,13 +112,13 @@ def main():
     loaded, _ = runtime.load("smollm2-135m")
     result = measure(loaded, args.length, args.depths, args.topk)
     print(
-        f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers 0-29 in --json)"
+        f"length {args.length}, top-k {args.topk}, {args.depths} depths: "
+        "mean over layers (layers 0-29 in --json)"
     )
     print(f"{'scoring':<15} {'mass':>6} {'recall':>7}")
     for name, r in result.items():
-        print(
-            f"{name:<15} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}"
-        )
+        mass, recall = sum(r["mass"]) / len(r["mass"]), sum(r["recall"]) / len(r["recall"])
+        print(f"{name:<15} {mass:>6.3f} {recall:>7.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

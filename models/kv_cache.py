@@ -161,7 +161,8 @@ class KVCache(RestoredBlocks):
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, *, selective: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D].
+        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far,
+        [Hkv, length+t, D].
 
         With `selective`, restored blocks not read yet stay absent (zeros) in what is returned:
         the caller loads what it reads (`load_tokens`, `load_blocks`)."""
@@ -211,7 +212,8 @@ class KVCache(RestoredBlocks):
 
     def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """Keys or queries x [..., T, D] at positions first_position.. as blocks are scored by
-        content: rotated back to position 0 when the cache has the model's RoPE, else as they are."""
+        content: rotated back to position 0 when the cache has the model's RoPE, else as they
+        are."""
         if self.rope is None:
             return x
         return self.rope.rotate_back(x, first_position)
@@ -220,7 +222,8 @@ class KVCache(RestoredBlocks):
         self.length += n
 
     def truncate(self, n: int) -> None:
-        """Forget every token from position `n` on (for example, a chat's turns after its documents)."""
+        """Forget every token from position `n` on (for example, a chat's turns after its
+        documents)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
         if n % self.block_size:  # a restored block cut in two keeps its head
@@ -235,14 +238,16 @@ class KVCache(RestoredBlocks):
 
     def fetch(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of tokens [start, end) of `layer` (restored blocks copied in first):
-        views [Hkv, end - start, D] of the stores."""
-        if not 0 <= start <= end <= self.length:
-            raise IndexError(f"tokens {start}..{end} are not among the {self.length} cached")
+        views [Hkv, end - start, D] of the stores. Tokens up to `length` are cached; inside a
+        forward, those the layer has just written at `length` and after can be read too."""
+        if not 0 <= start <= end <= self.capacity:
+            raise IndexError(f"tokens {start}..{end} are not in a cache of {self.capacity}")
         self.load_tokens(layer, start, end)
         return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
     def block(self, layer: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of block `index` of `layer`: [Hkv, <=B, D] (the last block may be partial)."""
+        """Keys and values of block `index` of `layer`: [Hkv, <=B, D] (the last block may be
+        partial)."""
         start = index * self.block_size
         if start >= self.length:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")

@@ -31,8 +31,8 @@ class RestoredBlocks:
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
-        for a full block its key summaries [2 frames, L, Hkv, 2, D], and with int8 K/V k and v as int8
-        codes with their scales k_scale, v_scale [L, Hkv, n]."""
+        for a full block its key summaries [2 frames, L, Hkv, 2, D], and with int8 K/V k and v
+        as int8 codes with their scales k_scale, v_scale [L, Hkv, n]."""
         start = index * self.block_size
         end = min(start + self.block_size, self.length)
         if start >= end:
@@ -84,7 +84,8 @@ class RestoredBlocks:
             for name in ("k_scale", "v_scale"):
                 if tuple(block[name].shape) != expected[:3]:
                     raise ValueError(
-                        f"scales of shape {tuple(block[name].shape)} do not fit this cache {expected[:3]}"
+                        f"scales of shape {tuple(block[name].shape)} do not fit this cache "
+                        f"{expected[:3]}"
                     )
         n = k.shape[2]
         self.reserve(start + n)
@@ -123,7 +124,8 @@ class RestoredBlocks:
         return self._absent
 
     def load_tokens(self, layer: int, start: int, end: int) -> None:
-        """Copy in the restored blocks of `layer` that overlap tokens [start, end) and are absent."""
+        """Copy in the restored blocks of `layer` that overlap tokens [start, end) and are
+        absent."""
         if not self._restored or end <= start:
             return
         lo, hi = start // self.block_size, -(-end // self.block_size)
@@ -132,7 +134,8 @@ class RestoredBlocks:
             self._load(layer, (absent + lo).tolist())
 
     def load_blocks(self, layer: int, block_idx: torch.Tensor) -> None:
-        """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none) that are absent."""
+        """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none)
+        that are absent."""
         if not self._restored:
             return
         ids = block_idx.unique()

@@ -61,7 +61,8 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [Hq, T, D], k [Hkv, T, D] before RoPE: none in Llama; Qwen3 and MiniMax normalize here."""
+        """q [Hq, T, D], k [Hkv, T, D] before RoPE: none in Llama; Qwen3 and MiniMax normalize
+        here."""
         return q, k
 
 

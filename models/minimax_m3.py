@@ -170,7 +170,8 @@ class Indexer(nn.Module):
         return apply_rope(self.k_norm(self.k_proj(x)), cos[..., :di], sin[..., :di])
 
     def forward(self, x, cos, sin, index_keys: torch.Tensor, q_start: int) -> torch.Tensor:
-        """Selected blocks [Hidx, T, K] of each new token, from all cached index keys [q_start+T, Di]."""
+        """Selected blocks [Hidx, T, K] of each new token, from all cached index keys
+        [q_start+T, Di]."""
         t, di = x.shape[0], self.head_dim
         q = self.q_norm(self.q_proj(x).view(t, self.n_heads, di)).transpose(0, 1)  # [Hidx, T, Di]
         q = apply_rope(q, cos[..., :di], sin[..., :di])

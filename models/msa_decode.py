@@ -120,7 +120,8 @@ def _select(qf, summaries, n_tokens, s, block_size):
 
 def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
     """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
-    every head, ascending (far blocks, then the local window: its blocks are the highest), -1 padded."""
+    every head, ascending (far blocks, then the local window: its blocks are the highest), -1
+    padded."""
     rows = [row[row >= 0].unique() for row in idx.unbind(1)]
     out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
     for j, row in enumerate(rows):

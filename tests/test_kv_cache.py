@@ -130,8 +130,9 @@ def test_fetch_reads_restored_rows_and_refuses_what_is_not_cached():
     assert torch.equal(k, cache.k[1][:, block + 3 : 3 * block - 2])
     assert torch.equal(v, cache.v[1][:, block + 3 : 3 * block - 2])
     assert restored.unread_blocks == 4 * model.config.num_hidden_layers - 2
-    with pytest.raises(IndexError):
-        restored.fetch(0, 3 * block, 4 * block + 1)
+    for start, end in ((10, 5), (0, restored.capacity + 1)):
+        with pytest.raises(IndexError):
+            restored.fetch(0, start, end)
 
 
 def test_int8_rows_are_rounded_within_half_a_step():
