@@ -32,8 +32,8 @@ class AttentionSettings:
     instead of selecting their own (as TidalDecode re-uses one layer's token selection).
     Measured on the embedded model (README, pass key): the layers around 5-8 rank a needle's
     block near the top, the late layers rank it low, and with this sharing MSA finds the key
-    where each layer's own selection misses it. None: every layer selects its own. A document's tokens never share, so
-    this setting is not in the cache identity.
+    where each layer's own selection misses it. None: every layer selects its own. A document's
+    tokens never share, so this setting is not in the cache identity.
 
     `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
     row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
