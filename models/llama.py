@@ -190,8 +190,8 @@ class Transformer(nn.Module):
             fused
             and count == 1
             and observer is None
+            and FusedDecode.fits(cache)
             and self.prepare_decode() is None
-            and self.fused_decode.fits(cache)
         ):
             cos, sin = self.rope.cos_sin_range(start, 1)
             x = self.embed_tokens(tokens)[0].contiguous()
