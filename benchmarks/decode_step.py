@@ -6,7 +6,8 @@ from it (the cache cut back after each round), each path timed in turn, best of 
 rounds of --steps steps; also the largest difference of the two paths' logits for that step
 (relative to the largest logit) and whether they pick the same token.
 
-    python benchmarks/decode_step.py [--lengths 512,2k,8k] [--quant int4] [--threads 2] [--json out.json]
+    python benchmarks/decode_step.py [--lengths 512,2k,8k] [--quant int4] [--threads 2]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ import torch
 from compare_llamacpp import parse_lengths
 
 from msa.generate import prefill
-from msa.models.fused_decode import fused_step, per_op_decode
 from msa.runtime import load
 
 
-def best_step_ms(model, cache, token: torch.Tensor, steps: int, repeats: int) -> float:
+def best_step_ms(
+    model, cache, token: torch.Tensor, steps: int, repeats: int, *, fused: bool
+) -> float:
     start_length = cache.length
-    model(token, cache)  # warm: first-call buffers
+    model(token, cache, fused=fused)  # warm: first-call buffers
     cache.truncate(start_length)
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         for _ in range(steps):
-            model(token, cache)
+            model(token, cache, fused=fused)
         best = min(best, (time.perf_counter() - t) / steps)
         cache.truncate(start_length)
     return best * 1000
@@ -52,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded, _ = load("smollm2-135m", quant="none" if args.quant == "fp32" else args.quant)
     model = loaded.model
-    if fused_step(model) is None:
+    if model.prepare_decode() is not None:
         raise SystemExit(f"no fused step: {loaded.per_op_reason}")
     token = torch.tensor([42])
     rows = []
@@ -67,11 +69,10 @@ def main() -> None:
         )
         fused_logits = model(token, cache)
         cache.truncate(n)
-        with per_op_decode(model):
-            per_op_logits = model(token, cache)
-            cache.truncate(n)
-            per_op_ms = best_step_ms(model, cache, token, args.steps, args.repeats)
-        fused_ms = best_step_ms(model, cache, token, args.steps, args.repeats)
+        per_op_logits = model(token, cache, fused=False)
+        cache.truncate(n)
+        per_op_ms = best_step_ms(model, cache, token, args.steps, args.repeats, fused=False)
+        fused_ms = best_step_ms(model, cache, token, args.steps, args.repeats, fused=True)
         rows.append(
             {
                 "length": n,
@@ -87,7 +88,8 @@ def main() -> None:
         )
     print(f"decode step of {loaded.name}, {args.quant} weights, {args.threads} threads")
     print(
-        f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}{'logits diff':>13}{'same token':>12}"
+        f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}"
+        f"{'logits diff':>13}{'same token':>12}"
     )
     for r in rows:
         print(

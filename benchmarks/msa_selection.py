@@ -53,11 +53,13 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
         cache = loaded.model.new_cache(settings=AttentionSettings(mode="dense"))
         prefill(loaded.model, cache, ids[: prompt.context_length])
         captured.clear()
-        # the attention's hook sees each layer's queries after their keys are written
-        cache.observe_queries = lambda layer, q, q_start: captured.append(
-            (q.clone(), cache.k[layer][:, : q_start + q.shape[1]].clone(), q_start)
-        )
-        prefill(loaded.model, cache, prompt.tail)
+
+        # the attention observer sees each layer's queries after their keys are written
+        def capture(cache, layer, q, q_start):
+            keys, _ = cache.fetch(layer, 0, q_start + q.shape[1])
+            captured.append((q.clone(), keys.clone(), q_start))
+
+        prefill(loaded.model, cache, prompt.tail, observer=capture)
         block = cache.block_size
         for layer, (q, keys, q_start) in enumerate(captured):
             n = keys.shape[1]
@@ -110,13 +112,13 @@ def main():
     loaded, _ = runtime.load("smollm2-135m")
     result = measure(loaded, args.length, args.depths, args.topk)
     print(
-        f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers 0-29 in --json)"
+        f"length {args.length}, top-k {args.topk}, {args.depths} depths: "
+        "mean over layers (layers 0-29 in --json)"
     )
     print(f"{'scoring':<15} {'mass':>6} {'recall':>7}")
     for name, r in result.items():
-        print(
-            f"{name:<15} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}"
-        )
+        mass, recall = sum(r["mass"]) / len(r["mass"]), sum(r["recall"]) / len(r["recall"])
+        print(f"{name:<15} {mass:>6.3f} {recall:>7.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

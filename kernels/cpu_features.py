@@ -8,7 +8,8 @@ from pathlib import Path
 
 @cache
 def cpu_flags() -> frozenset[str]:
-    """Every word of /proc/cpuinfo's flag lines (x86 `flags`, Arm `Features`): avx2, fma, avx512_bf16, bf16..."""
+    """Every word of /proc/cpuinfo's flag lines (x86 `flags`, Arm `Features`): avx2, fma,
+    avx512_bf16, bf16..."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -40,7 +40,8 @@ def dense_attention(
         q_start = n_tokens - n_queries
     if q_start < 0 or q_start + n_queries > n_tokens or n_queries == 0:
         raise ValueError(
-            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens"
+            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of "
+            f"{n_tokens} tokens"
         )
     scale = default_scale(scale, head_dim)
     impl = choose_impl(impl, q, k, v)

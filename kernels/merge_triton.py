@@ -38,7 +38,8 @@ def _merge_splits_kernel(
 
 
 def merge_splits_triton(o: torch.Tensor, lse: torch.Tensor, out_dtype: torch.dtype):
-    """o: fp32 [R, S, D] contiguous; lse: fp32 [R, S]; returns (o [R, D] in out_dtype, lse fp32 [R])."""
+    """o: fp32 [R, S, D] contiguous; lse: fp32 [R, S]; returns (o [R, D] in out_dtype, lse fp32
+    [R])."""
     n_rows, n_splits, head_dim = o.shape
     o, lse = o.contiguous(), lse.contiguous()
     out = _alloc.empty((n_rows, head_dim), dtype=out_dtype, device=o.device)

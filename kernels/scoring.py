@@ -84,7 +84,8 @@ def _check(q, summaries, kind, group_reduce, query_reduce, dims=(2, 3)) -> None:
     rows = summary_rows(kind)
     if summaries.dim() != 4 or summaries.shape[2] != rows:
         raise ValueError(
-            f"summaries for kind={kind!r} must be [Hkv, n, {rows}, D], got shape {tuple(summaries.shape)}"
+            f"summaries for kind={kind!r} must be [Hkv, n, {rows}, D], "
+            f"got shape {tuple(summaries.shape)}"
         )
     check_query(q, summaries.shape[0], summaries.shape[3], dims=dims)
     if q.dim() == 3 and q.shape[1] == 0:

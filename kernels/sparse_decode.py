@@ -63,7 +63,8 @@ def sparse_decode_attention(
 def sparse_decode_reference(
     q, k, v, block_idx, block_size, scale
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Definition: dense attention masked to the selected tokens. Returns fp32 o [Hq, D], lse [Hq]."""
+    """Definition: dense attention masked to the selected tokens. Returns fp32 o [Hq, D], lse
+    [Hq]."""
     allowed = selected_token_mask(block_idx, block_size, k.shape[1])[:, None, :]  # [Hkv, 1, T]
     o, lse = masked_attention_reference(q[:, None], k, v, allowed, scale)
     return o[:, 0], lse[:, 0]

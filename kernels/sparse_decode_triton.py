@@ -92,7 +92,8 @@ def _sparse_decode_split_kernel(
 def sparse_decode_triton(
     q, k, v, block_idx, block_size, scale, *, blocks_per_split: int | None = None
 ):
-    """q: [Hq, D]; k, v: [Hkv, T, D]; block_idx: int32 [Hkv, K]. Returns o [Hq, D] (q's dtype), lse fp32 [Hq]."""
+    """q: [Hq, D]; k, v: [Hkv, T, D]; block_idx: int32 [Hkv, K]. Returns o [Hq, D] (q's dtype),
+    lse fp32 [Hq]."""
     n_q_heads, head_dim = q.shape
     n_kv_heads, n_tokens, _ = k.shape
     n_slots = block_idx.shape[1]

@@ -50,7 +50,8 @@ def sparse_prefill_attention(
     n_queries = q.shape[1]
     if n_queries == 0 or q_start < 0 or q_start + n_queries > n_tokens:
         raise ValueError(
-            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of {n_tokens} tokens"
+            f"queries at {q_start}..{q_start + n_queries - 1} must lie in the cache of "
+            f"{n_tokens} tokens"
         )
     n_qblocks = (q_start + n_queries - 1) // block_size - q_start // block_size + 1
     block_idx = check_block_idx(block_idx, (n_kv_heads, n_qblocks), -(-n_tokens // block_size))

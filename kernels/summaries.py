@@ -42,7 +42,8 @@ def block_summaries(
     n_full = n_tokens // block_size
     if not 0 <= first_block <= n_full:
         raise ValueError(
-            f"first_block must be in [0, {n_full}] (full blocks of {n_tokens} tokens), got {first_block}"
+            f"first_block must be in [0, {n_full}] (full blocks of {n_tokens} tokens), "
+            f"got {first_block}"
         )
     impl = choose_impl(impl, k)
     if impl == "reference":

@@ -36,7 +36,8 @@ def assert_close(
     bad = ~(abs_err <= atol + rtol * e.abs())  # also catches an inf on one side only
     if bad.any():
         raise AssertionError(
-            f"{label}{int(bad.sum())} of {a.numel()} elements differ: max abs err {abs_err.max().item():.3g}, "
+            f"{label}{int(bad.sum())} of {a.numel()} elements differ: "
+            f"max abs err {abs_err.max().item():.3g}, "
             f"max rel err {rel_err.max().item():.3g} (atol {atol}, rtol {rtol})"
         )
 

@@ -19,7 +19,8 @@ ARCHITECTURES = {
 def _entry(architecture: str):
     if architecture not in ARCHITECTURES:
         raise ModelError(
-            f"architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+            f"architecture {architecture!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})"
         )
     return ARCHITECTURES[architecture]
 

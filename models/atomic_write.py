@@ -12,7 +12,8 @@ from pathlib import Path
 def write_atomically(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
     """Write `path` by calling `write` on a temporary file beside it, then renaming that over
     `path`: a reader sees the old file or the new one, never a part (with `fsync`, not even
-    after a power cut). The temporary file is named `.<name>.<random>.tmp` and removed on failure."""
+    after a power cut). The temporary file is named `.<name>.<random>.tmp` and removed on
+    failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:32]}.", suffix=".tmp")

@@ -25,15 +25,15 @@ class AttentionSettings:
     context, so the default is 0 (always); None means the model's trained context.
 
     `selection_layer`: a decode step (one new token), and a chunk of the question once the
-    caller has marked where it starts (`KVCache.question_from`), selects its blocks in the layers
-    up to this one; at this layer one set of blocks is made for every KV head (for a chunk, the
-    union of what its heads selected; for a decode step, as many blocks as one head selects,
-    taken from the heads' choices in turn), and the later layers read that set instead of
-    selecting their own (as TidalDecode re-uses one layer's token selection). Measured on the
-    embedded model (README, pass key): the layers around 5-8 rank a needle's block near the top,
-    the late layers rank it low, and with this sharing MSA finds the key where each layer's own
-    selection misses it. None: every layer selects its own. A document's tokens never share, so
-    this setting is not in the cache identity.
+    caller says where it starts (`Transformer.forward(question_from=...)`), selects its blocks
+    in the layers up to this one; at this layer one set of blocks is made for every KV head
+    (for a chunk, the union of what its heads selected; for a decode step, as many blocks as one
+    head selects, taken from the heads' choices in turn), and the later layers read that set
+    instead of selecting their own (as TidalDecode re-uses one layer's token selection).
+    Measured on the embedded model (README, pass key): the layers around 5-8 rank a needle's
+    block near the top, the late layers rank it low, and with this sharing MSA finds the key
+    where each layer's own selection misses it. None: every layer selects its own. A document's
+    tokens never share, so this setting is not in the cache identity.
 
     `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
     row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then

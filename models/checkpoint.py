@@ -24,7 +24,8 @@ class Checkpoint:
 
 
 def load_state(module: nn.Module, weights: dict[str, torch.Tensor], *, source: str) -> None:
-    """Copy `weights` into `module`, reporting missing, unexpected and mis-shaped tensors by name."""
+    """Copy `weights` into `module`, reporting missing, unexpected and mis-shaped tensors by
+    name."""
     params = dict(module.named_parameters())
     tied = (
         {n for n in params if n == "lm_head.weight"} if module.config.tie_word_embeddings else set()

@@ -54,7 +54,8 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> ModelConfig:
         """Build from a checkpoint's config, ignoring keys this project does not use."""
         names = {f.name for f in dataclasses.fields(cls)}
-        # transformers 5 writes rope settings under `rope_parameters`; older configs at the top level
+        # transformers 5 writes rope settings under `rope_parameters`; older configs at the top
+        # level
         rope = d.get("rope_parameters") or {}
         d = {**{k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}, **d}
         kwargs = {k: v for k, v in d.items() if k in names}

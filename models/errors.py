@@ -1,4 +1,5 @@
-"""The project's own errors. The library raises them; the CLI turns each into one line and an exit code."""
+"""The project's own errors. The library raises them; the CLI turns each into one line and an
+exit code."""
 
 
 class MsaError(Exception):

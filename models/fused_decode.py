@@ -1,30 +1,31 @@
-"""The fused CPU decode step (msa.kernels.decoder_step) for the Llama family's plain layers.
+"""The fused CPU decode step (msa.kernels.decoder_step) as a backend of one-token forwards.
 
 A decode step runs the whole layer stack in one C++ call instead of ~15 PyTorch ops a layer:
 the same products by the same kernels, the same K/V written into the cache, the same attention
-(dense before `settings.sparse_from`, MSA after, as msa_decode.py computes it), within fp32
-rounding; int8/int4 activations round to bf16 as the per-op path does. Steps that observe their
-queries (sources), and models or caches the step does not describe (q/k norms, MoE, partial
-RoPE, bf16 compute, int8 K/V) keep the per-op path.
+plan (dense before `plan.sparse_from`, MSA after, as msa_decode.py computes it), within fp32
+rounding; int8/int4 activations round to bf16 as the per-op path does.
 
-`fused_step(model)` is built once per model (the extension on first use in the process);
-None where the model's layers do not fit it or the extension cannot be built
-(`msa.kernels.decoder_step.build_error`). `per_op_decode(model)` turns it off for a while.
+`Transformer.prepare_decode` builds it once per model (the extension on first use in the
+process) from the layers' specs (`layer_spec`, which the model family gives for the layers it
+knows the step computes); `Transformer.forward` runs a one-token forward with it when the cache
+fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (q/k norms, MoE,
+partial RoPE, bf16 compute, int8 K/V, sources) runs per op.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from msa.kernels import decoder_step as kernel
 
+from .attention_plan import AttentionPlan
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
 
-_NOT_FUSABLE = object()
+NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step computes"
 
 
 def linear_spec(linear: nn.Module):
@@ -38,45 +39,55 @@ def linear_spec(linear: nn.Module):
     return None
 
 
-def _layer_specs(model) -> list[dict] | None:
-    from .llama import MLP, Attention, Block  # llama.py imports this module
-
-    specs = []
-    for block in model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        if type(block) is not Block or type(attn) is not Attention or type(mlp) is not MLP:
-            return None
-        if attn.fused_sizes is None or mlp.fused_sizes is None:
-            return None
-        norms = (block.input_layernorm, block.post_attention_layernorm)
-        if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
-            return None
-        linears = {
-            "qkv": attn.qkv_proj,
-            "o": attn.o_proj,
-            "gate_up": mlp.gate_up_proj,
-            "down": mlp.down_proj,
-        }
-        spec = {name: linear_spec(m) for name, m in linears.items()}
-        if any(s is None or s[1].device.type != "cpu" for s in spec.values()):
-            return None
-        spec["norm_in"] = norms[0].weight.detach().contiguous()
-        spec["norm_post"] = norms[1].weight.detach().contiguous()
-        specs.append(spec)
-    return specs
+def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None:
+    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears "qkv", "o",
+    "gate_up", "down" on the CPU; None if any of them has no such form."""
+    norms = (norm_in, norm_post)
+    if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
+        return None
+    spec = {name: linear_spec(m) for name, m in linears.items()}
+    if any(s is None or s[1].device.type != "cpu" for s in spec.values()):
+        return None
+    spec["norm_in"] = norm_in.weight.detach().contiguous()
+    spec["norm_post"] = norm_post.weight.detach().contiguous()
+    return spec
 
 
-def fused_step(model) -> kernel.DecoderStep | None:
-    """The model's fused decode step, built on first use; None if its layers do not fit it."""
-    step = model.__dict__.get("_fused_step")
-    if step is None:
-        step = _NOT_FUSABLE
+def step_settings(plan: AttentionPlan) -> kernel.StepSettings:
+    """The plan as the kernel reads it."""
+    return kernel.StepSettings(
+        sparse_from=kernel.never(plan.sparse_from),
+        bounded_from=kernel.never(plan.bounded_from),
+        block_size=plan.block_size,
+        topk=plan.topk,
+        local_blocks=plan.local_blocks,
+        sink_blocks=plan.sink_blocks,
+        selection_layer=plan.selection_layer,
+    )
+
+
+class FusedDecode:
+    """A model's fused decode step: weights handed to the kernel once, then `run` per token."""
+
+    def __init__(self, step: kernel.DecoderStep):
+        self.step = step
+
+    @staticmethod
+    def build(
+        model, specs: list[dict] | None, on_build: Callable[[], None] | None = None
+    ) -> FusedDecode | str:
+        """The step for `model` given its layers' specs (None: they do not fit), or why not.
+        `on_build()` is called first when that means compiling the extension."""
         c = model.config
-        fits = c.rope_dim == c.head_dim and model.embed_tokens.weight.dtype == torch.float32
-        specs = _layer_specs(model) if fits else None
+        if c.rope_dim != c.head_dim or model.embed_tokens.weight.dtype != torch.float32:
+            specs = None
+        if specs is not None and kernel.needs_build() and on_build is not None:
+            on_build()
         extension = kernel.compiled_extension() if specs is not None else None
-        if extension is not None:
-            step = kernel.DecoderStep(
+        if extension is None:
+            return kernel.build_error() or NOT_PLAIN_LAYERS
+        return FusedDecode(
+            kernel.DecoderStep(
                 extension,
                 specs,
                 hidden=c.hidden_size,
@@ -87,93 +98,39 @@ def fused_step(model) -> kernel.DecoderStep | None:
                 eps=c.rms_norm_eps,
                 inv_freq=model.rope.inv_freq,
             )
-        model.__dict__["_fused_step"] = step
-    return None if step is _NOT_FUSABLE else step
-
-
-def prepare(model, on_build=None) -> str | None:
-    """Build the model's fused step now rather than at its first token; `on_build()` is called
-    first when that means compiling the extension. Returns None when the model has the fused
-    step, else why not."""
-    if (
-        "_fused_step" not in model.__dict__
-        and kernel.needs_build()
-        and on_build is not None
-        and _layer_specs(model) is not None
-    ):
-        on_build()
-    if fused_step(model) is not None:
-        return None
-    return (
-        kernel.build_error() or "its layers are not the plain Llama layers the fused step computes"
-    )
-
-
-@contextmanager
-def per_op_decode(model):
-    """Decode with the per-op path inside this block (to compare the two, or to profile one op)."""
-    saved = model.__dict__.get("_fused_step")
-    model.__dict__["_fused_step"] = _NOT_FUSABLE
-    try:
-        yield
-    finally:
-        if saved is None:
-            model.__dict__.pop("_fused_step", None)
-        else:
-            model.__dict__["_fused_step"] = saved
-
-
-def cache_fits(cache: KVCache) -> bool:
-    """Whether the next token's step reads `cache` as the fused step does: fp32 K/V in memory or
-    mapped files, nobody observing the queries."""
-    return (
-        not cache.int8
-        and cache.dtype == torch.float32
-        and cache.k[0].device.type == "cpu"
-        and not hasattr(cache, "observe_queries")
-    )
-
-
-def step_settings(cache: KVCache) -> kernel.StepSettings:
-    s = cache.settings
-    return kernel.StepSettings(
-        sparse_from=kernel.never(s.sparse_from),
-        bounded_from=kernel.never(s.bounded_from),
-        block_size=cache.block_size,
-        topk=s.topk,
-        local_blocks=s.local_blocks,
-        sink_blocks=s.sink_blocks,
-        selection_layer=s.selection_layer,
-    )
-
-
-def decode_hidden(
-    model, step: kernel.DecoderStep, token: torch.Tensor, cache: KVCache
-) -> torch.Tensor:
-    """One token [1] through every layer with the fused step: its hidden state [hidden]; the
-    cache gets its K/V and advances by one."""
-    pos = cache.length
-    cache.reserve(pos + 1)
-    settings = step_settings(cache)
-    x = model.embed_tokens(token)[0].contiguous()
-    cos, sin = model.rope.cos_sin_range(pos, 1)
-    if pos < settings.sparse_from:
-        for layer in range(cache.n_layers):  # restored blocks not read yet: dense reads them all
-            cache.load_tokens(layer, 0, pos)
-        step.step(x, cache.k, cache.v, pos, cos[0], sin[0], settings)
-    else:
-        # summaries of the full blocks before the token's own (its block may fill with this token)
-        step.step(
-            x,
-            cache.k,
-            cache.v,
-            pos,
-            cos[0],
-            sin[0],
-            settings,
-            summaries=cache.content_summaries(pos),
-            absent=cache.absent_blocks,
-            load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
         )
-    cache.advance(1)
-    return x
+
+    @staticmethod
+    def fits(cache: KVCache) -> bool:
+        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files."""
+        return not cache.int8 and cache.dtype == torch.float32 and cache.k[0].device.type == "cpu"
+
+    def run(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """The token's embedding x [hidden] (contiguous) at position `cache.length`, with its
+        angles cos, sin [D], through every layer: its hidden state [hidden] (x, updated in
+        place); the cache gets its K/V and advances by one."""
+        pos = cache.length
+        cache.reserve(pos + 1)
+        settings = step_settings(cache.plan)
+        if not cache.plan.is_sparse(pos):
+            for layer in range(cache.n_layers):  # restored blocks not read yet: dense reads them
+                cache.load_tokens(layer, 0, pos)
+            self.step.step(x, cache.k, cache.v, pos, cos, sin, settings)
+        else:
+            # summaries of the full blocks before the token's own (its block may fill with it)
+            self.step.step(
+                x,
+                cache.k,
+                cache.v,
+                pos,
+                cos,
+                sin,
+                settings,
+                summaries=cache.content_summaries(pos),
+                absent=cache.absent_blocks,
+                load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
+            )
+        cache.advance(1)
+        return x

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
-from .gguf_loader import our_name, unpermute_rows
+from .gguf_names import our_name, unpermute_rows
 
 Q4_1_BLOCK = 32
 Q4_1_BYTES = 20  # 2 (d) + 2 (m) + 16 (nibbles)

@@ -32,7 +32,8 @@ NAME_MAPS = {
         (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2."),
     ],
 }
-# Checkpoint keys that are not the text model we run: multi-token-prediction heads, M3's vision side.
+# Checkpoint keys that are not the text model we run: multi-token-prediction heads, M3's vision
+# side.
 SKIPPED = {
     "minimax_m2": r"(^|\.)mtp\.",
     "minimax_m3_vl": r"^(vision_tower|multi_modal_projector|patch_merge_mlp)\.|(^|\.)mtp\.",

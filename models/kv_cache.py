@@ -1,9 +1,11 @@
 """The KV cache, laid out in fixed blocks of tokens.
 
 Ownership: the caller owns a `KVCache` and passes it to `Transformer.forward`; the model keeps
-no state between calls. Each layer writes the keys and values of the new tokens at
-`cache.length` and reads back everything up to them; `forward` then advances `length` once.
-Keys are stored after RoPE, at their true positions.
+no state between calls, and nobody sets anything on the cache from outside. Its protocol:
+`write` (each layer writes the new tokens' keys and values at `length` and reads back
+everything up to them; `forward` then `advance`s `length` once), `fetch` and `block` (read),
+`truncate` (forget a tail), `export_block` / `import_block` (its state for the prefix cache),
+`nbytes`. Keys are stored after RoPE, at their true positions.
 
 Storage per layer is `[Hkv, capacity, D]` with `capacity` a multiple of `block_size`, so
 block `b` is the token range `[b*B, (b+1)*B)`: the unit that sparse attention selects, the
@@ -17,15 +19,12 @@ Keys and values live in memory, or, for inputs larger than memory, in files mapp
 `storage_dir` (unlinked as soon as they are mapped, so nothing is left behind even after a
 crash): the OS then pages in only the blocks a step touches.
 
-Restored blocks (the disk prefix cache's, `import_block`) are not copied in at once: the cache
-keeps the block's tensors, typically mapped from its file, and copies a block of a layer in the
-first time something reads it. A sparse question over a long cached document then reads only
-the blocks it selects. Readers ask for what they read: `write(..., selective=True)` returns K/V
-whose restored blocks may still be absent, and its caller loads them with `load_tokens` and
-`load_blocks` before reading; a plain `write` loads the whole layer first.
+Blocks put back from the disk prefix cache are copied in as they are first read
+(kv_restore.py): readers load what they read (`load_tokens`, `load_blocks`), or `fetch` it.
 
 The cache also carries the `AttentionSettings` its keys and values were computed under:
-they change K/V (from the second layer on), so they are part of what identifies a cache. With
+they change K/V (from the second layer on), so they are part of what identifies a cache; and
+the `AttentionPlan` resolved from them, which attention reads. With
 `settings.kv_dtype == "int8"` every written row is rounded to an int8 grid (kv_int8.py) and its
 scale kept beside it, so that exported blocks hold int8 codes that import back bit for bit.
 """
@@ -41,17 +40,26 @@ import torch
 
 from msa.kernels import block_summaries
 
+from .attention_plan import AttentionPlan
 from .attention_settings import AttentionSettings
-from .kv_int8 import dequantize_rows, requantize_rows, round_rows
+from .kv_int8 import round_rows
+from .kv_restore import RestoredBlocks
 from .layers import RotaryEmbedding
 
-# Restored blocks held unread at most: each is typically one file mapping, and a process may
-# hold only so many (Linux: vm.max_map_count, 65,530 by default). Past this, blocks are copied in
-# as they are restored. 16,384 blocks of 64 tokens is a 1M-token document.
-MAX_UNREAD_BLOCKS = 16_384
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in a cache of `dtype` K/V for a model of
+    `config` (every layer, K and V)."""
+    return (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * config.head_dim
+        * (dtype.itemsize)
+    )
 
 
-class KVCache:
+class KVCache(RestoredBlocks):
     def __init__(
         self,
         n_layers: int,
@@ -70,6 +78,7 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.settings = settings or AttentionSettings()
+        self.plan = AttentionPlan.of(self.settings, block_size)
         self.storage_dir = storage_dir
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
@@ -86,19 +95,8 @@ class KVCache:
         # [frame (as stored, by content), layer, Hkv, n_blocks, (min, max), D]
         self._summary_store = torch.zeros(2, n_layers, n_kv_heads, cap // block_size, 2, head_dim)
         self.n_summarized = [0] * n_layers
-        self._restored: dict[
-            int, dict[str, torch.Tensor]
-        ] = {}  # block index -> its imported tensors
-        self._absent = torch.zeros(
-            n_layers, 0, dtype=torch.bool
-        )  # [layer, block]: restored, not copied in yet
-        # Where the question starts (the caller marks it once the document is in): queries from
-        # here on, chunks included, share `settings.selection_layer`'s blocks; decode steps always
-        # do. Never a document's position, so cached blocks do not depend on it.
-        self.question_from: int | None = None
-        # the selection layer's choice for the layers after it: ((first query, n queries), blocks);
-        # scratch of the forward being computed
-        self.shared_selection = None
+        self._restored: dict[int, dict[str, torch.Tensor]] = {}  # block index -> its tensors
+        self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: not copied in
 
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
         """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in
@@ -163,7 +161,8 @@ class KVCache:
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, *, selective: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far, [Hkv, length+t, D].
+        """Store new k, v [Hkv, t, D] at `length`; return all keys and values so far,
+        [Hkv, length+t, D].
 
         With `selective`, restored blocks not read yet stay absent (zeros) in what is returned:
         the caller loads what it reads (`load_tokens`, `load_blocks`)."""
@@ -211,15 +210,10 @@ class KVCache:
                 self.block_summaries(layer, n_tokens)
         return self._summary_store[1]
 
-    @property
-    def absent_blocks(self) -> torch.Tensor:
-        """bool [L, n]: blocks restored by `import_block` that a layer has not copied in yet
-        (blocks past n are all present); `load_blocks` copies them in."""
-        return self._absent
-
     def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """Keys or queries x [..., T, D] at positions first_position.. as blocks are scored by
-        content: rotated back to position 0 when the cache has the model's RoPE, else as they are."""
+        content: rotated back to position 0 when the cache has the model's RoPE, else as they
+        are."""
         if self.rope is None:
             return x
         return self.rope.rotate_back(x, first_position)
@@ -228,7 +222,8 @@ class KVCache:
         self.length += n
 
     def truncate(self, n: int) -> None:
-        """Forget every token from position `n` on (for example, a chat's turns after its documents)."""
+        """Forget every token from position `n` on (for example, a chat's turns after its
+        documents)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {n}")
         if n % self.block_size:  # a restored block cut in two keeps its head
@@ -239,146 +234,24 @@ class KVCache:
             del self._restored[index]
         self._absent[:, cut:] = False
         self.length = n
-        if self.question_from is not None and self.question_from > n:
-            self.question_from = None
         self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
 
-    def block(self, layer: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of block `index` of `layer`: [Hkv, <=B, D] (the last block may be partial)."""
-        start = index * self.block_size
-        if start >= self.length:
-            raise IndexError(f"block {index} is past the {self.length} cached tokens")
-        end = min(start + self.block_size, self.length)
+    def fetch(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of tokens [start, end) of `layer` (restored blocks copied in first):
+        views [Hkv, end - start, D] of the stores. Tokens up to `length` are cached; inside a
+        forward, those the layer has just written at `length` and after can be read too."""
+        if not 0 <= start <= end <= self.capacity:
+            raise IndexError(f"tokens {start}..{end} are not in a cache of {self.capacity}")
         self.load_tokens(layer, start, end)
         return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
-    def export_block(self, index: int) -> dict[str, torch.Tensor]:
-        """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
-        for a full block its key summaries [2 frames, L, Hkv, 2, D], and with int8 K/V k and v as int8
-        codes with their scales k_scale, v_scale [L, Hkv, n]."""
+    def block(self, layer: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of block `index` of `layer`: [Hkv, <=B, D] (the last block may be
+        partial)."""
         start = index * self.block_size
-        end = min(start + self.block_size, self.length)
-        if start >= end:
+        if start >= self.length:
             raise IndexError(f"block {index} is past the {self.length} cached tokens")
-        for layer in range(self.n_layers):
-            self.load_tokens(layer, start, end)
-        if self.int8:
-            block = {}
-            for name, rows, scales in (("k", self.k, self.k_scale), ("v", self.v, self.v_scale)):
-                block[f"{name}_scale"] = torch.stack([s[:, start:end] for s in scales])
-                block[name] = torch.stack(
-                    [
-                        requantize_rows(x[:, start:end], s[:, start:end])
-                        for x, s in zip(rows, scales)
-                    ]
-                )
-        else:
-            block = {
-                "k": torch.stack([k[:, start:end] for k in self.k]),
-                "v": torch.stack([v[:, start:end] for v in self.v]),
-            }
-        if end - start == self.block_size:
-            for layer in range(self.n_layers):
-                self.block_summaries(layer, end)
-            block["summaries"] = self._summary_store[:, :, :, index].clone()
-        return block
-
-    def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
-        """Put a block made by `export_block` back at `index`; it must continue the cached tokens.
-
-        Its summaries are copied in now; its keys and values when first read (the tensors are
-        kept until then: mapped from a file, they cost no memory until read)."""
-        start = index * self.block_size
-        if start != self.length:
-            raise ValueError(
-                f"block {index} starts at token {start}, but {self.length} tokens are cached"
-            )
-        k, v = block["k"], block["v"]
-        expected = (self.n_layers, self.n_kv_heads, k.shape[2], self.head_dim)
-        if tuple(k.shape) != expected or tuple(v.shape) != expected or k.shape[2] > self.block_size:
-            raise ValueError(f"block of shape {tuple(k.shape)} does not fit this cache {expected}")
-        if self.int8 != (k.dtype == torch.int8):
-            raise ValueError(
-                f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V"
-            )
-        if not self.int8 and k.dtype != self.dtype:
-            raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.dtype} K/V")
-        if self.int8:
-            for name in ("k_scale", "v_scale"):
-                if tuple(block[name].shape) != expected[:3]:
-                    raise ValueError(
-                        f"scales of shape {tuple(block[name].shape)} do not fit this cache {expected[:3]}"
-                    )
-        n = k.shape[2]
-        self.reserve(start + n)
-        summaries = block.get("summaries")
-        if summaries is not None and n == self.block_size:
-            if all(done == index for done in self.n_summarized):
-                self._summary_store[:, :, :, index] = summaries  # every layer at once
-                self.n_summarized = [index + 1] * self.n_layers
-            else:
-                for layer in range(self.n_layers):
-                    if self.n_summarized[layer] == index:
-                        self._summary_store[:, layer, :, index] = summaries[:, layer]
-                        self.n_summarized[layer] = index + 1
-        if self._absent.shape[1] <= index:
-            grown = torch.zeros(
-                self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool
-            )
-            grown[:, : self._absent.shape[1]] = self._absent
-            self._absent = grown
-        self._restored[index] = block
-        self._absent[:, index] = True
-        self.length += n
-        if len(self._restored) > MAX_UNREAD_BLOCKS:
-            for layer in range(self.n_layers):
-                self._load(layer, [index])
-
-    @property
-    def unread_blocks(self) -> int:
-        """(layer, block) pairs restored by `import_block` and not copied in yet."""
-        return int(self._absent.sum())
-
-    def load_tokens(self, layer: int, start: int, end: int) -> None:
-        """Copy in the restored blocks of `layer` that overlap tokens [start, end) and are absent."""
-        if not self._restored or end <= start:
-            return
-        lo, hi = start // self.block_size, -(-end // self.block_size)
-        absent = self._absent[layer, lo:hi].nonzero().flatten()
-        if len(absent):
-            self._load(layer, (absent + lo).tolist())
-
-    def load_blocks(self, layer: int, block_idx: torch.Tensor) -> None:
-        """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none) that are absent."""
-        if not self._restored:
-            return
-        ids = block_idx.unique()
-        ids = ids[(ids >= 0) & (ids < self._absent.shape[1])]
-        ids = ids[self._absent[layer, ids]]
-        if len(ids):
-            self._load(layer, ids.tolist())
-
-    def _load(self, layer: int, indices: list[int]) -> None:
-        for index in indices:
-            block = self._restored[index]
-            start = index * self.block_size
-            end = start + block["k"].shape[2]
-            if self.int8:
-                for name, rows, scales in (
-                    ("k", self.k, self.k_scale),
-                    ("v", self.v, self.v_scale),
-                ):
-                    scale = block[f"{name}_scale"][layer]
-                    rows[layer][:, start:end] = dequantize_rows(
-                        block[name][layer], scale, self.dtype
-                    )
-                    scales[layer][:, start:end] = scale
-            else:
-                self.k[layer][:, start:end] = block["k"][layer]
-                self.v[layer][:, start:end] = block["v"][layer]
-            self._absent[layer, index] = False
-            if not self._absent[:, index].any():
-                del self._restored[index]  # every layer has it: let go of the tensors (or mapping)
+        return self.fetch(layer, start, min(start + self.block_size, self.length))
 
     def nbytes(self) -> int:
         per_token = 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k[0].element_size()

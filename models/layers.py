@@ -126,7 +126,8 @@ class RotaryEmbedding:
         return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
 
     def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [n, D] for positions start..start+n-1 (inside the table: views, no gather per step)."""
+        """cos, sin: [n, D] for positions start..start+n-1 (inside the table: views, no gather
+        per step)."""
         if start + n <= self.span:
             return self._low[0][start : start + n], self._low[1][start : start + n]
         return self.cos_sin(torch.arange(start, start + n))

@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from msa.kernels.dense import dense_attention_sdpa
-
+from .attention import attend
+from .attention_plan import resolve_settings
 from .attention_settings import AttentionSettings
 from .config import ModelConfig
-from .fused_decode import cache_fits, decode_hidden, fused_step
+from .forward import AttentionObserver, ForwardContext
+from .fused_decode import FusedDecode, layer_spec
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
-from .msa import attend
-
-
-def _attend(
-    q, keys, values, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding
-) -> torch.Tensor:
-    """Attention over the cache: queries that are all dense, with nobody observing them, take
-    the dense kernel directly (no argument checks per layer); everything else (MSA, source tracking) goes through `msa.attend`."""
-    if q_start + q.shape[1] <= cache.settings.sparse_from and not hasattr(cache, "observe_queries"):
-        cache.load_tokens(layer, 0, q_start)
-        return dense_attention_sdpa(q, q_start, keys, values, q.shape[-1] ** -0.5)
-    return attend(q, keys, values, cache, layer, q_start, rope)
 
 
 class Attention(nn.Module):
@@ -44,11 +33,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, config.hidden_size, bias=False)
 
-    def forward(
-        self, x, cos, sin, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         t = x.shape[0]
         d = self.head_dim
+        cos, sin = ctx.cos, ctx.sin
         if self.fused_sizes is not None and type(self).qk_norm is Attention.qk_norm:
             # fused and no q/k norm: rotate q and k in one go
             qkv = self.qkv_proj(x)
@@ -68,12 +56,13 @@ class Attention(nn.Module):
             v = v.view(t, self.n_kv_heads, d).transpose(0, 1)
             q, k = self.qk_norm(q, k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys, values = cache.write(layer, k, v, selective=True)  # [Hkv, q_start+T, D]
-        out = _attend(q, keys, values, cache, layer, q_start, rope)  # [Hq, T, D]
+        keys, values = ctx.cache.write(layer, k, v, selective=True)  # [Hkv, start+T, D]
+        out = attend(q, keys, values, ctx, layer)  # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * d))
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [Hq, T, D], k [Hkv, T, D] before RoPE: none in Llama; Qwen3 and MiniMax normalize here."""
+        """q [Hq, T, D], k [Hkv, T, D] before RoPE: none in Llama; Qwen3 and MiniMax normalize
+        here."""
         return q, k
 
 
@@ -105,9 +94,21 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = self.mlp_class(config)
 
-    def forward(self, x, cos, sin, cache, layer, q_start, rope):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, q_start, rope)
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def fused_spec(self) -> dict | None:
+        """This layer as the fused decode step computes it (fused_decode.layer_spec), or None:
+        only Llama's own plain layers with fused projections have that form."""
+        attn, mlp = self.self_attn, self.mlp
+        if type(self) is not Block or type(attn) is not Attention or type(mlp) is not MLP:
+            return None
+        if attn.fused_sizes is None or mlp.fused_sizes is None:
+            return None
+        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj}
+        linears |= {"gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears)
 
 
 class Transformer(nn.Module):
@@ -127,18 +128,17 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta)
 
+        # the fused decode step (fused_decode.py), or why one-token forwards run per op; built
+        # by prepare_decode, at the latest on the first one-token forward
+        self.fused_decode: FusedDecode | None = None
+        self.per_op_reason: str | None = None
+        self._decode_prepared = False
+
     def new_cache(
         self, capacity: int = 0, settings: AttentionSettings | None = None, storage_dir=None
     ) -> KVCache:
         """An empty cache for this model (keys and values in files under `storage_dir` if given)."""
-        settings = settings or AttentionSettings()
-        settings = dataclasses.replace(
-            settings,
-            block_size=settings.block_size or self.config.kv_block_size,
-            bounded_from=self.config.max_position_embeddings
-            if settings.bounded_from is None
-            else settings.bounded_from,
-        )
+        settings = resolve_settings(settings, self.config)
         c = self.config
         return KVCache(
             c.num_hidden_layers,
@@ -152,23 +152,57 @@ class Transformer(nn.Module):
             rope=self.rope,
         )
 
+    def prepare_decode(self, on_build: Callable[[], None] | None = None) -> str | None:
+        """Build the fused decode step now rather than at the first one-token forward;
+        `on_build()` is called first when that means compiling the extension. Returns None when
+        one-token forwards run it, else why they run per op."""
+        if not self._decode_prepared:
+            specs = [block.fused_spec() for block in self.layers]
+            built = FusedDecode.build(self, None if None in specs else specs, on_build)
+            if isinstance(built, str):
+                self.per_op_reason = built
+            else:
+                self.fused_decode = built
+            self._decode_prepared = True
+        return self.per_op_reason
+
     @torch.no_grad()  # not inference_mode: the caller's cache must stay writable outside forward
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache, *, all_logits: bool = False
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        *,
+        question_from: int | None = None,
+        observer: AttentionObserver | None = None,
+        all_logits: bool = False,
+        fused: bool = True,
     ) -> torch.Tensor:
         """Run `tokens` [T] after the `cache.length` tokens already cached.
 
+        `question_from`: where the question starts (a chunk from there shares the selection
+        layer's blocks, ForwardContext); `observer`: sees each layer's queries (sources).
         Returns logits [T, vocab] with `all_logits`, else only the last token's [vocab]
-        (prefill then skips the large vocabulary projection for every other token).
+        (prefill then skips the large vocabulary projection for every other token). A one-token
+        forward runs the fused decode step where it can; `fused=False` keeps it per op.
         """
-        if tokens.shape[0] == 1 and cache_fits(cache) and (step := fused_step(self)) is not None:
-            logits = self.lm_head(self.norm(decode_hidden(self, step, tokens, cache))).float()
-            return logits[None] if all_logits else logits
-        start = cache.length
-        cos, sin = self.rope.cos_sin_range(start, tokens.shape[0])
+        start, count = cache.length, tokens.shape[0]
+        if (
+            fused
+            and count == 1
+            and observer is None
+            and FusedDecode.fits(cache)
+            and self.prepare_decode() is None
+        ):
+            cos, sin = self.rope.cos_sin_range(start, 1)
+            x = self.embed_tokens(tokens)[0].contiguous()
+            logits = self.lm_head(self.norm(self.fused_decode.run(x, cos[0], sin[0], cache)))
+            return logits.float()[None] if all_logits else logits.float()
+        ctx = ForwardContext.open(
+            cache, self.rope, start, count, question_from=question_from, observer=observer
+        )
         x = self.embed_tokens(tokens)  # [T, hidden]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start, self.rope)
-        cache.advance(tokens.shape[0])
+            x = layer(x, ctx, i)
+        cache.advance(count)
         x = x if all_logits else x[-1]
         return self.lm_head(self.norm(x)).float()

@@ -16,13 +16,12 @@ from .fuse import fuse_projections, fuse_state
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
+from .prefill_copy import prefill_copies, prefill_copy_dtype
 from .quantize import (
     DEFAULT_GROUP_SIZE,
     MODES,
     Int4Linear,
     is_quantized_state,
-    prefill_copies,
-    prefill_copy_dtype,
     quantize_state,
     swap_for_state,
 )

@@ -21,6 +21,7 @@ from msa.kernels.masked_attention import softmax_attend
 
 from .attention_settings import AttentionSettings
 from .config import MiniMaxM3Config
+from .forward import ForwardContext
 from .kv_cache import KVCache
 from .layers import GatedMLP, RMSNorm, apply_rope, clamped_swiglu
 from .llama import Block, Transformer
@@ -169,7 +170,8 @@ class Indexer(nn.Module):
         return apply_rope(self.k_norm(self.k_proj(x)), cos[..., :di], sin[..., :di])
 
     def forward(self, x, cos, sin, index_keys: torch.Tensor, q_start: int) -> torch.Tensor:
-        """Selected blocks [Hidx, T, K] of each new token, from all cached index keys [q_start+T, Di]."""
+        """Selected blocks [Hidx, T, K] of each new token, from all cached index keys
+        [q_start+T, Di]."""
         t, di = x.shape[0], self.head_dim
         q = self.q_norm(self.q_proj(x).view(t, self.n_heads, di)).transpose(0, 1)  # [Hidx, T, Di]
         q = apply_rope(q, cos[..., :di], sin[..., :di])
@@ -195,8 +197,9 @@ class MiniMaxM3Attention(nn.Module):
         self.k_norm = gemma_norm(d, config.rms_norm_eps)
         self.indexer = Indexer(config) if config.layer_types[layer] == SPARSE else None
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, q_start: int, rope) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
+        cache, cos, sin, q_start = ctx.cache, ctx.cos, ctx.sin, ctx.start
         q = self.q_norm(self.q_proj(x).view(t, self.n_heads, d)).transpose(0, 1)  # q: [Hq, T, D]
         k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, d)).transpose(
             0, 1
@@ -208,9 +211,9 @@ class MiniMaxM3Attention(nn.Module):
             out = dense_attention(q, keys, values, q_start=q_start)
         else:
             index_keys = cache.write_index(layer, self.indexer.keys(x, cos, sin))  # [q_start+T, Di]
-            if cache.settings.mode == "dense":
+            if ctx.plan.dense_only:
                 out = dense_attention(q, keys, values, q_start=q_start)
-            else:
+            else:  # the model's own indexer chooses the blocks, at every position
                 blocks = self.indexer(x, cos, sin, index_keys, q_start)  # [Hkv, T, K]
                 out = block_sparse_attention(
                     q, keys, values, blocks, q_start, self.indexer.block_size

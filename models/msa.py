@@ -1,7 +1,7 @@
-"""Attention over the block KV cache: dense for early queries, MSA block selection after.
+"""MSA for a chunk of sparse queries (attention.py sends it those of a prefill chunk).
 
 Keys are cached after RoPE at their true positions (a format decision: dense attention and
-the local window read them as they are). From `settings.bounded_from` on, the far blocks a
+the local window read them as they are). From the plan's `bounded_from` on, the far blocks a
 sparse query selects (sink and top-k) are re-rotated to sit one after another just before
 its local window, so the largest distance the model sees is `(sink + topk + local) * B`,
 not the input's length; before it, MSA attends at true positions.
@@ -13,9 +13,9 @@ and queries rotated back to position 0 (`KVCache.score_frame`), since a far bloc
 bounded distance, never at its true one; scored at their true distances, a pass key 30K tokens
 back lost to filler (README has the figures).
 
-A single sparse query (a decode step) takes msa_decode.py's path, which computes the same
-attention in far fewer operations and shares one layer's selection with the layers after it
-(`settings.selection_layer`).
+A single sparse query (a decode step) takes msa_decode.py's path instead, which computes the
+same attention in far fewer operations. A chunk of the question shares the selection layer's
+blocks (the union over its KV heads) with the layers after it, as decode steps do.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from msa.kernels import (
-    dense_attention,
     score_blocks,
     score_query_blocks,
     select_blocks,
@@ -34,79 +33,62 @@ from msa.kernels import (
 )
 from msa.kernels.selected_tokens import gather_selected_tokens
 
-from .kv_cache import KVCache
-from .layers import RotaryEmbedding, apply_rope
-from .msa_decode import decode_attend, select_shared, union_over_heads
+from .forward import ForwardContext
+from .layers import apply_rope
+from .msa_decode import union_over_heads
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
 # "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
 PREFILL_QUERY_REDUCE = "pool"
 
 
-def attend(
+def chunk_attend(
     q: torch.Tensor,
+    q_start: int,
     keys: torch.Tensor,
     values: torch.Tensor,
-    cache: KVCache,
+    ctx: ForwardContext,
     layer: int,
-    q_start: int,
-    rope: RotaryEmbedding,
-) -> torch.Tensor:
-    """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, q_start+Tq, D], of which the
-    cache's restored blocks are loaded here as they are read (`KVCache.write(selective=True)`).
-    Returns [Hq, Tq, D]."""
-    observe = getattr(
-        cache, "observe_queries", None
-    )  # the engine's sources: which blocks these queries read
-    if observe is not None:
-        observe(layer, q, q_start)
-    s = cache.settings
+) -> list[torch.Tensor]:
+    """MSA for a chunk of sparse queries q [Hq, Tq, D] at q_start.. (keys, values: [Hkv, >=
+    q_start+Tq, D]): the outputs [Hq, n, D] of its queries at true positions, then of those
+    whose far blocks move to a bounded distance (the plan says where one ends)."""
+    plan, cache = ctx.plan, ctx.cache
     tq = q.shape[1]
-    if tq == 1 and q_start >= s.sparse_from:
-        return decode_attend(q, cache, layer, q_start, rope)
-    n_dense = int(min(max(s.sparse_from - q_start, 0), tq))
+    n_true = plan.n_true_positions(q_start, tq)
     parts = []
-    if n_dense:
-        end = q_start + n_dense
-        cache.load_tokens(layer, 0, end)
+    if n_true:
+        q_true = q[:, :n_true]
+        idx = _chosen(q_true, q_start, ctx, layer)
+        cache.load_blocks(layer, idx)
+        parts.append(_sparse(q_true, q_start, keys, values, idx, plan.block_size))
+    if n_true < tq:
+        q_moved = q[:, n_true:]
+        idx = _chosen(q_moved, q_start + n_true, ctx, layer)
+        cache.load_blocks(layer, idx)
         parts.append(
-            dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start)
-        )
-    if n_dense < tq:
-        start = q_start + n_dense
-        n_true = int(min(max(s.bounded_from - start, 0), tq - n_dense))  # queries at true positions
-        if n_true:
-            q_true = q[:, n_dense : n_dense + n_true]
-            idx = _chosen(q_true, start, cache, layer)
-            cache.load_blocks(layer, idx)
-            parts.append(_sparse(q_true, start, keys, values, idx, cache.block_size))
-        if n_dense + n_true < tq:
-            q_moved = q[:, n_dense + n_true :]
-            idx = _chosen(q_moved, start + n_true, cache, layer)
-            cache.load_blocks(layer, idx)
-            parts.append(
-                _sparse_repositioned(
-                    q_moved, start + n_true, keys, values, idx, s, cache.block_size, rope
-                )
+            _sparse_repositioned(
+                q_moved, q_start + n_true, keys, values, idx, plan, plan.block_size, ctx.rope
             )
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        )
+    return parts
 
 
-def _chosen(q, q_start, cache: KVCache, layer: int):
+def _chosen(q, q_start, ctx: ForwardContext, layer: int):
     """Selected blocks [Hkv, n_qblocks, K] of a chunk. A document's chunk scores blocks as the keys
-    are stored; a chunk of the question (`cache.question_from`) scores them by content and reads
+    are stored; a chunk of the question (`ctx.question_from`) scores them by content and reads
     the selection layer's union over KV heads, which the layers after it read again (msa_decode.py
     does the same for every decode step)."""
     n_tokens = q_start + q.shape[1]
-    s, block_size = cache.settings, cache.block_size
-    if cache.question_from is None or q_start < cache.question_from:
-        return _select(q, q_start, cache.block_summaries(layer, n_tokens), s, block_size)
+    cache, plan = ctx.cache, ctx.plan
+    if not ctx.in_question(q_start):
+        return _select(q, q_start, cache.block_summaries(layer, n_tokens), plan, plan.block_size)
 
     def choose():
         summaries = cache.block_summaries(layer, n_tokens, by_content=True)
-        return _select(cache.score_frame(q, q_start), q_start, summaries, s, block_size)
+        return _select(cache.score_frame(q, q_start), q_start, summaries, plan, plan.block_size)
 
-    return select_shared(cache, layer, (q_start, q.shape[1]), choose, union_over_heads)
+    return ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
 
 
 def _select(q, q_start, summaries, s, block_size):

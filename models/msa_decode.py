@@ -1,4 +1,4 @@
-"""MSA for one decode query: what `msa.attend` computes for a single token, in far fewer
+"""MSA for one decode query: what msa.py's chunk path computes for a single token, in far fewer
 tensor operations per layer than the general path.
 
 The general path serves chunks of queries: it checks its arguments, builds masks, pads the
@@ -15,8 +15,8 @@ queries by block and re-rotates every selected far key (`K * B` keys). For a sin
   the unwritten tail of its own block.
 Blocks are scored by content (keys and query rotated back to position 0, msa.py). With
 `settings.selection_layer`, the layers after it skip selection altogether: they read one set of
-blocks for every KV head, taken from the selection layer's heads in turn (kept in
-`cache.shared_selection` for the step).
+blocks for every KV head, taken from the selection layer's heads in turn (kept in the
+forward's context, `ForwardContext.select_shared`, for the step).
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -26,16 +26,14 @@ import torch
 
 from msa.kernels.selection import select_blocks
 
-from .kv_cache import KVCache
-from .layers import RotaryEmbedding
+from .forward import ForwardContext
 
 
-def decode_attend(
-    q: torch.Tensor, cache: KVCache, layer: int, q_start: int, rope: RotaryEmbedding
-) -> torch.Tensor:
-    """q: [Hq, 1, D], the token at position q_start (its K/V already written, MSA settings
-    sparse at q_start). Returns [Hq, 1, D] in q's dtype."""
-    s, block_size = cache.settings, cache.block_size
+def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
+    """q: [Hq, 1, D], the token at position ctx.start (its K/V already written, sparse by the
+    plan). Returns [Hq, 1, D] in q's dtype."""
+    cache, plan = ctx.cache, ctx.plan
+    q_start, block_size = ctx.start, plan.block_size
     n_tokens = q_start + 1
     hq, _, d = q.shape
     hkv = cache.n_kv_heads
@@ -46,18 +44,18 @@ def decode_attend(
         q_scored = (
             cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()
         )  # scale: no matter to top-k
-        return _select(q_scored, summaries, n_tokens, s, block_size)
+        return _select(q_scored, summaries, n_tokens, plan, block_size)
 
-    idx, n_far, n_chosen, _ = select_shared(
-        cache, layer, (q_start, 1), choose, lambda chosen: _shared_by_heads(*chosen)
+    idx, n_far, n_chosen, _ = ctx.select_shared(
+        layer, (q_start, 1), choose, lambda chosen: _shared_by_heads(*chosen)
     )  # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)  # [Hkv, W, B, D]
-    if q_start >= s.bounded_from and n_far:
-        window_first = q_start // block_size - s.local_blocks + 1
+    if plan.is_bounded(q_start) and n_far:
+        window_first = q_start // block_size - plan.local_blocks + 1
         q_per_block = _counter_rotate(
-            qf, idx, n_far, window_first, block_size, rope
+            qf, idx, n_far, window_first, block_size, ctx.rope
         )  # [Hkv, W, G, D]
         logits = (q_per_block @ k_sel.mT).transpose(1, 2)  # [Hkv, G, W, B]
     else:
@@ -120,29 +118,10 @@ def _select(qf, summaries, n_tokens, s, block_size):
     return idx, n_far, n_far + last + 1 - local_start, ranked + sink_end
 
 
-def select_shared(cache: KVCache, layer: int, key: tuple, choose, share):
-    """The blocks of the queries `key` (first position, count) read in `layer`: `choose()` up to
-    `settings.selection_layer`, which keeps `share(choose())` (one set for every KV head) in the
-    cache for the layers after it."""
-    s = cache.settings
-    kept = cache.shared_selection
-    if (
-        s.selection_layer is not None
-        and layer > s.selection_layer
-        and kept is not None
-        and kept[0] == key
-    ):
-        return kept[1]
-    chosen = choose()
-    if layer == s.selection_layer:
-        chosen = share(chosen)
-        cache.shared_selection = (key, chosen)
-    return chosen
-
-
 def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
     """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
-    every head, ascending (far blocks, then the local window: its blocks are the highest), -1 padded."""
+    every head, ascending (far blocks, then the local window: its blocks are the highest), -1
+    padded."""
     rows = [row[row >= 0].unique() for row in idx.unbind(1)]
     out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
     for j, row in enumerate(rows):

@@ -16,13 +16,9 @@ Embeddings, norms and MoE routers stay in floating point.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from msa.kernels.cpu_features import cpu_flags
 
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
@@ -32,12 +28,6 @@ PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a c
 # activations go in as bf16 (and the output comes back in the caller's dtype): the weights
 # are already coarser than bf16.
 KERNEL_DTYPE = torch.bfloat16
-# int4 layers of a small model may also keep their weights in floating point for prefill (see
-# `prefill_copy_dtype`): on CPUs with bf16 dot-product units a bf16 matmul of a 512-token chunk
-# runs ~3x faster than PyTorch's int4 kernel, with the same bf16 activations; elsewhere an fp32
-# matmul still beats it.
-PREFILL_COPY_MAX_BYTES = 1 << 30
-PREFILL_COPY_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "none": None}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,11 +42,13 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE):
-    """w [N, K] -> packed uint8 [N, K/2] (element 2i in the low nibble), scale and min fp32 [N, K/g]."""
+    """w [N, K] -> packed uint8 [N, K/2] (element 2i in the low nibble), scale and min fp32
+    [N, K/g]."""
     n, k = w.shape
     if k % group_size or group_size % 2:
         raise ValueError(
-            f"int4 needs the input width ({k}) to be a multiple of an even group size ({group_size})"
+            f"int4 needs the input width ({k}) to be a multiple of an even group size "
+            f"({group_size})"
         )
     groups = w.float().view(n, k // group_size, group_size)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
@@ -116,9 +108,9 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """Takes the portable state (`weight` nibbles, `scales`, `mins`) and keeps only PyTorch's CPU
     kernel layout: `packed` [N, K/2] uint8 and `scales_zeros` [K/g, N, 2] (6 bits a weight).
-    With `keep_prefill_copy` set to a dtype before loading, it also keeps the dequantized weights
-    in that dtype (`prefill_weight`, [N, K]) for inputs of more than PREFILL_ROWS rows, which then
-    multiply in that dtype."""
+    With `keep_prefill_copy` set to a dtype before loading (prefill_copy.py says which), it also
+    keeps the dequantized weights in that dtype (`prefill_weight`, [N, K]) for inputs of more
+    than PREFILL_ROWS rows, which then multiply in that dtype."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int = DEFAULT_GROUP_SIZE):
         super().__init__()
@@ -165,43 +157,6 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16)."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
-    """The dtype in which int4 layers keep a copy of their weights for prefill, or None (none):
-    bf16 where the CPU has bf16 units, else fp32, if the copies take at most
-    PREFILL_COPY_MAX_BYTES and an eighth of the memory. MSA_PREFILL_COPY=bf16, fp32 or none
-    overrides. The embedded model (README): a bf16 copy takes 212 MB, and prefill of 512 tokens
-    went 547 -> 959 tok/s, perplexity 8.795 -> 8.791; with PyTorch's kernels held to AVX2, an
-    fp32 copy (424 MB) prefilled 2K tokens at 428 tok/s against the int4 kernel's 337."""
-    import psutil
-
-    forced = os.environ.get("MSA_PREFILL_COPY")
-    if forced in PREFILL_COPY_DTYPES:
-        return PREFILL_COPY_DTYPES[forced]
-    dtype = torch.bfloat16 if native_bf16() else torch.float32
-    size = dtype.itemsize * n_int4_weights
-    return (
-        dtype
-        if size <= PREFILL_COPY_MAX_BYTES and size <= psutil.virtual_memory().total // 8
-        else None
-    )
-
-
-def prefill_copies(model: nn.Module) -> str | None:
-    """The dtype of the int4 layers' prefill copies ("bf16", "fp32"), None if they keep none."""
-    names = {v: k for k, v in PREFILL_COPY_DTYPES.items() if v is not None}
-    kept = {
-        m.prefill_weight.dtype
-        for m in model.modules()
-        if getattr(m, "prefill_weight", None) is not None
-    }
-    return names[kept.pop()] if kept else None
-
-
 HEAD_NAMES = ("lm_head",)  # output heads: int8 even in int4 mode
 
 
@@ -237,7 +192,8 @@ def _check_mode(mode: str) -> None:
 def quantize_weights(
     model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE
 ) -> dict[str, torch.Tensor]:
-    """Step 1: the quantized tensors of every planned Linear, by module name (int4 ones have `mins`)."""
+    """Step 1: the quantized tensors of every planned Linear, by module name (int4 ones have
+    `mins`)."""
     state = {}
     for name, kind in quantization_plan(model, mode, group_size).items():
         linear = model.get_submodule(name)

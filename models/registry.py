@@ -97,8 +97,8 @@ KNOWN_MODELS = {
             hub_id="HuggingFaceTB/SmolLM2-1.7B-Instruct",
             parameters=1_711_376_384,
         ),
-        # Llama 3.2 scales its RoPE frequencies ("llama3" rope_type), which our RoPE does not do yet:
-        # expect it to read well only inside 8K tokens.
+        # Llama 3.2 scales its RoPE frequencies ("llama3" rope_type), which our RoPE does not do
+        # yet: expect it to read well only inside 8K tokens.
         KnownModel(
             name="llama-3.2-1b",
             description="Llama-3.2-1B-Instruct",
@@ -134,7 +134,8 @@ KNOWN_MODELS = {
             needs_gpu_cluster=True,
         ),
         # Counted from transformers' minimax_m3_vl text defaults (60 layers, 128 experts, top-4),
-        # assuming the first 3 layers have the dense MLP as they have dense attention; text model only.
+        # assuming the first 3 layers have the dense MLP as they have dense attention; text model
+        # only.
         KnownModel(
             name="minimax-m3",
             description="MiniMax-M3 (text), MoE with the MSA indexer",
@@ -212,7 +213,8 @@ def packaged_file(model: KnownModel) -> Path:
         if path.is_file():
             return path
     raise ModelError(
-        f"model {model.name}: {model.filename} is missing from {model.package}; reinstall it: {hint}"
+        f"model {model.name}: {model.filename} is missing from {model.package}; "
+        f"reinstall it: {hint}"
     )
 
 
@@ -220,7 +222,8 @@ def packaged_file(model: KnownModel) -> Path:
 class ModelSource:
     name: str
     path: Path
-    format: str  # "gguf", "hf" (a directory with config.json and safetensors) or "quantized" (msa quantize's)
+    # "gguf", "hf" (a directory with config.json and safetensors) or "quantized" (msa quantize's)
+    format: str
 
 
 def quantized_copies(root: Path | None) -> dict[str, Path]:
@@ -273,7 +276,7 @@ def _from_hub(name: str, hub_id: str) -> ModelSource:
     folder = hub_snapshot(hub_id)
     if folder is None:
         raise ModelError(
-            f"model {name}: {hub_id} is not downloaded (no complete snapshot in the Hugging Face hub "
-            f"cache); run `msa pull {name}`, or pass its directory to --model"
+            f"model {name}: {hub_id} is not downloaded (no complete snapshot in the Hugging Face "
+            f"hub cache); run `msa pull {name}`, or pass its directory to --model"
         )
     return ModelSource(name, folder, "hf")

@@ -110,15 +110,16 @@ def stream_prompt(
     cache = loaded.model.new_cache(
         capacity=capacity,
         settings=settings.attention,
-        storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir),
+        storage_dir=kv_storage_dir(loaded.model, capacity, settings.kv_spill_dir),
     )
     tracker = None
     if settings.sources:
-        tracker = SourceTracker(cache, doc_start=len(prompt.head), doc_end=prompt.context_length)
+        tracker = SourceTracker(
+            cache.block_size, doc_start=len(prompt.head), doc_end=prompt.context_length
+        )
         tracker.restart(
             prompt.context_length, prompt.context_length + prompt.question_at, len(ids) - 1
         )
-        cache.observe_queries = tracker
     stored = open_prefix_cache(loaded, cache, prompt, document, settings)
     answer.cached_tokens = stored.restore(cache) if stored else 0
     timings = Timings(prefill_tokens=len(ids) - answer.cached_tokens)
@@ -135,7 +136,9 @@ def stream_prompt(
         )
     start = time.perf_counter()
     with reading_progress(timings.prefill_tokens, enabled=settings.show_progress) as advance:
-        logits = prefill_prompt(loaded.model, cache, prompt, stored, progress=advance)
+        logits = prefill_prompt(
+            loaded.model, cache, prompt, stored, progress=advance, observer=tracker
+        )
     timings.prefill_s = time.perf_counter() - start
     record_speed(settings.speed_dir, speed, timings.prefill_tokens, timings.prefill_s)
     generation = Generation(
@@ -146,6 +149,7 @@ def stream_prompt(
         settings.max_tokens,
         stop_ids=tok.eos_ids,
         context_limit=limit,
+        observer=tracker,
         timings=timings,
     )
     answer.timings = timings
@@ -252,8 +256,10 @@ def prefill_prompt(
     stored: PrefixCache | None,
     *,
     progress: Callable[[int], None] = lambda n: None,
+    observer=None,
 ):
-    """Prefill what `cache` lacks of the prompt; return the last token's logits.
+    """Prefill what `cache` lacks of the prompt; return the last token's logits. The tail is read
+    as the question (`question_from`); `observer` sees every forward's queries (sources).
 
     The context (head + document) and the tail are prefilled apart, so the context's chunks fall
     at the same places whether or not a cache holds part of it: a full cache hit gives the same
@@ -267,6 +273,7 @@ def prefill_prompt(
             stored.save(cache)
 
     if cache.length < len(context):
-        prefill(model, cache, context[cache.length :], progress=chunk_done)
-    cache.question_from = len(context)
-    return prefill(model, cache, prompt.tail, progress=progress)
+        prefill(model, cache, context[cache.length :], progress=chunk_done, observer=observer)
+    return prefill(
+        model, cache, prompt.tail, progress=progress, question_from=len(context), observer=observer
+    )

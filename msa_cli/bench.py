@@ -67,7 +67,7 @@ def run_e2e(
         cache = model.new_cache(
             capacity=capacity,
             settings=settings,
-            storage_dir=kv_storage_dir(loaded.config, capacity, spill_dir),
+            storage_dir=kv_storage_dir(loaded.model, capacity, spill_dir),
         )
         start = time.perf_counter()
         logits = prefill(model, cache, ids)

@@ -58,12 +58,11 @@ class ChatSession(Conversation):
         self.cache = loaded.model.new_cache(
             capacity=capacity,
             settings=settings.attention,
-            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir),
+            storage_dir=kv_storage_dir(loaded.model, capacity, settings.kv_spill_dir),
         )
         self.tracker = SourceTracker(
-            self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length
+            self.cache.block_size, doc_start=len(self.prompt.head), doc_end=self.context_length
         )
-        self.cache.observe_queries = self.tracker
         self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
         self.seq: list[int] = []  # the conversation's tokens; the cache holds seq[:cache.length]
         self.cached_tokens = 0
@@ -97,9 +96,12 @@ class ChatSession(Conversation):
 
             if self.cache.length < len(ids):
                 prefill(
-                    self.loaded.model, self.cache, ids[self.cache.length :], progress=chunk_done
+                    self.loaded.model,
+                    self.cache,
+                    ids[self.cache.length :],
+                    progress=chunk_done,
+                    observer=self.tracker,
                 )
-        self.cache.question_from = len(ids)  # every turn is a question about the documents
         self.read_s = time.perf_counter() - start
         record_speed(self.settings.speed_dir, speed, len(ids) - self.cached_tokens, self.read_s)
         self.seq = list(ids)
@@ -132,7 +134,14 @@ class ChatSession(Conversation):
         answer_ids: list[int] = []
         try:
             start = time.perf_counter()
-            logits = prefill(self.loaded.model, self.cache, new)
+            # every turn is a question about the documents
+            logits = prefill(
+                self.loaded.model,
+                self.cache,
+                new,
+                question_from=self.context_length,
+                observer=self.tracker,
+            )
             timings.prefill_s = time.perf_counter() - start
             generation = Generation(
                 self.loaded.model,
@@ -142,6 +151,7 @@ class ChatSession(Conversation):
                 self.settings.max_tokens,
                 stop_ids=tok.eos_ids,
                 context_limit=self.limit,
+                observer=self.tracker,
                 timings=timings,
             )
             decoder = tok.stream()

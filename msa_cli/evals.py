@@ -60,8 +60,9 @@ def run_passkey(
                     capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings
                 )
                 prefill(loaded.model, cache, prompt.ids[: prompt.context_length])
-                cache.question_from = prompt.context_length
-                logits = prefill(loaded.model, cache, prompt.tail)
+                logits = prefill(
+                    loaded.model, cache, prompt.tail, question_from=prompt.context_length
+                )
                 answer = tok.decode(
                     list(
                         Generation(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from msa.models.forward import AttentionObserver
 from msa.models.kv_cache import KVCache
 from msa.models.llama import Transformer
 
@@ -41,13 +42,21 @@ def prefill(
     *,
     chunk: int = PREFILL_CHUNK,
     progress: Callable[[int], None] | None = None,
+    question_from: int | None = None,
+    observer: AttentionObserver | None = None,
 ) -> torch.Tensor:
-    """Append `ids` to `cache` in chunks; return the last token's logits [vocab]."""
+    """Append `ids` to `cache` in chunks; return the last token's logits [vocab].
+    `question_from`, `observer`: as `Transformer.forward` takes them."""
     cache.reserve(cache.length + len(ids))
     logits = None
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
-        logits = model(torch.tensor(piece, dtype=torch.long), cache)
+        logits = model(
+            torch.tensor(piece, dtype=torch.long),
+            cache,
+            question_from=question_from,
+            observer=observer,
+        )
         if progress:
             progress(len(piece))
     return logits
@@ -64,6 +73,7 @@ class Generation:
     max_tokens: int
     stop_ids: list[int]
     context_limit: int | None = None
+    observer: AttentionObserver | None = None  # sees each step's queries (sources)
     timings: Timings = field(default_factory=Timings)
 
     def __iter__(self) -> Iterator[int]:
@@ -84,6 +94,8 @@ class Generation:
                 t.finish_reason = "context"
                 return
             if t.generated_tokens < self.max_tokens:
-                logits = self.model(torch.tensor([token], dtype=torch.long), self.cache)
+                logits = self.model(
+                    torch.tensor([token], dtype=torch.long), self.cache, observer=self.observer
+                )
                 t.decode_s = time.perf_counter() - decode_start
         t.finish_reason = "length"

@@ -54,7 +54,6 @@ def load(
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa.models import load_model
-    from msa.models.fused_decode import prepare
 
     from .paths import quantized_models_dir
 
@@ -71,8 +70,7 @@ def load(
         )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says
-        loaded.per_op_reason = prepare(
-            loaded.model,
+        loaded.per_op_reason = loaded.model.prepare_decode(
             on_build=note
             and (
                 lambda: note(
@@ -93,12 +91,15 @@ def _writable_or_none(path: Path) -> Path | None:
     return path if os.access(path, os.W_OK) else None
 
 
-def kv_storage_dir(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
-    """Where a cache of `n_tokens` keeps K/V: None (memory) while they take at most half of the
-    available memory, else files under `spill_dir`, which the OS pages in block by block."""
+def kv_storage_dir(model, n_tokens: int, spill_dir: Path | None) -> Path | None:
+    """Where a cache of `n_tokens` for `model` keeps K/V: None (memory) while they take at most
+    half of the available memory, else files under `spill_dir`, which the OS pages in block by
+    block."""
     import psutil
 
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    from msa.models.kv_cache import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(model.config, model.embed_tokens.weight.dtype)
     if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
         return None
     return spill_dir

@@ -1,7 +1,7 @@
 """Sources: the passages of the documents the model read to answer.
 
 The KV cache is kept in blocks of tokens, the unit MSA selects; a source is a block. While
-the question is read, a `SourceTracker` (installed as `cache.observe_queries`) takes, at
+the question is read, a `SourceTracker` (the forwards' attention observer) takes, at
 every layer, each query's attention over the whole cache, as dense attention computes it
 whatever attention actually ran, and sums it per block of the documents. Raw attention is
 mostly position (the first block, a sink; the most recent blocks): so the tracker subtracts
@@ -67,11 +67,10 @@ class Source:
 
 
 class SourceTracker:
-    """Install as `cache.observe_queries`; `restart` before each question, `sources` after it."""
+    """Pass as the forwards' `observer`; `restart` before each question, `sources` after it."""
 
-    def __init__(self, cache, *, doc_start: int, doc_end: int):
-        self.cache = cache
-        self.block_size = cache.block_size
+    def __init__(self, block_size: int, *, doc_start: int, doc_end: int):
+        self.block_size = block_size
         self.doc_start, self.doc_end = doc_start, doc_end  # token range of the documents
         self.n_blocks = -(-doc_end // self.block_size)
         self.restart(sys.maxsize, sys.maxsize, -1)
@@ -82,13 +81,12 @@ class SourceTracker:
         self._sums = {"base": {}, "question": {}}  # layer -> [Hq, n_blocks], summed over queries
         self._counts = {"base": {}, "question": {}}
 
-    def __call__(self, layer: int, q: torch.Tensor, q_start: int) -> None:
+    def __call__(self, cache, layer: int, q: torch.Tensor, q_start: int) -> None:
         lo = max(self.baseline_from - q_start, 0)  # q: [Hq, T, D]
         hi = min(self.until + 1 - q_start, q.shape[1])
         if lo >= hi:
             return
-        self.cache.load_tokens(layer, 0, q_start + hi)
-        keys = self.cache.k[layer]
+        keys, _ = cache.fetch(layer, 0, q_start + hi)
         hkv, d = keys.shape[0], q.shape[-1]
         pad = self.n_blocks * self.block_size - self.doc_end
         for t in range(lo, hi):

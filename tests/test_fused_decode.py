@@ -1,4 +1,5 @@
-"""The fused decode step (models/fused_decode.py) against the per-op path it stands in for:
+"""The fused decode step (models/fused_decode.py) against the per-op path it stands in for,
+both through `Transformer.forward` (`fused=False` keeps a one-token forward per op):
 a tiny random model in fp32 and int4, dense and MSA steps, restored prefix-cache blocks read
 lazily, the cases it leaves to the per-op path; and the real embedded model's greedy answers."""
 
@@ -12,7 +13,6 @@ from tiny_checkpoints import tiny_model
 from msa.kernels import decoder_step
 from msa.models.attention_settings import AttentionSettings
 from msa.models.fuse import fuse_projections
-from msa.models.fused_decode import fused_step, per_op_decode, prepare
 from msa.models.quantize import quantize_model
 
 
@@ -27,7 +27,7 @@ def _model(quant=None):
 @pytest.fixture(scope="module", params=[None, "int4"])
 def model(request):
     m = _model(request.param)
-    assert fused_step(m) is not None, f"no fused step: {decoder_step.build_error()}"
+    assert m.prepare_decode() is None, f"no fused step: {m.per_op_reason}"
     return m
 
 
@@ -36,8 +36,7 @@ def _prefilled(model, settings, n_tokens, seed=0):
     ids = torch.randint(
         0, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(seed)
     )
-    with per_op_decode(model):
-        model(ids, cache)
+    model(ids, cache, fused=False)
     return cache
 
 
@@ -50,8 +49,7 @@ def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: ca
     fused, per_op = [], []
     for t in tokens:
         fused.append(model(t[None], fused_cache))
-        with per_op_decode(model):
-            per_op.append(model(t[None], per_op_cache))
+        per_op.append(model(t[None], per_op_cache, fused=False))
     return torch.stack(fused), torch.stack(per_op), fused_cache, per_op_cache
 
 
@@ -68,8 +66,16 @@ SETTINGS = [
 @pytest.mark.parametrize(
     "settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"]
 )
-def test_fused_steps_match_the_per_op_path(model, settings):
+def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
+    runs = []
+    kernel_step = decoder_step.DecoderStep.step
+    monkeypatch.setattr(
+        decoder_step.DecoderStep,
+        "step",
+        lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
+    )
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
+    assert runs == list(range(150, 190))  # the fused forwards ran the kernel, the others did not
     tol = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
     scale = per_op.abs().max()
     assert_close(fused, per_op, atol=tol * float(scale), what="logits")
@@ -120,8 +126,9 @@ def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
     model = _model()
     cache = _prefilled(model, AttentionSettings(mode="msa", topk=2), 100)
     seen = []
-    cache.observe_queries = lambda layer, q, q_start: seen.append(layer)  # sources: per-op only
-    model(torch.tensor([3]), cache)
+    model(  # sources: per-op only
+        torch.tensor([3]), cache, observer=lambda cache, layer, q, q_start: seen.append(layer)
+    )
     assert seen == list(range(model.config.num_hidden_layers))
     int8_cache = _prefilled(model, AttentionSettings(mode="dense", kv_dtype="int8"), 40)
     monkeypatch.setattr(
@@ -132,23 +139,25 @@ def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
 
 def test_layers_it_does_not_describe_have_no_fused_step():
     unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
-    assert fused_step(unfused) is None  # separate q, k, v projections
+    assert unfused.prepare_decode() is not None  # separate q, k, v projections
+    assert unfused.fused_decode is None
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
     fuse_projections(partial)
-    assert fused_step(partial) is None  # RoPE on part of the head
+    assert partial.prepare_decode() is not None  # RoPE on part of the head
+    assert partial.fused_decode is None
 
 
 def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
     model = _model()
     monkeypatch.setattr(decoder_step, "needs_build", lambda: True)
     told = []
-    assert prepare(model, on_build=lambda: told.append("building")) is None
-    assert (
-        prepare(model, on_build=lambda: told.append("again")) is None
-    )  # built: nothing more to say
+    assert model.prepare_decode(on_build=lambda: told.append("building")) is None
+    # built: nothing more to say
+    assert model.prepare_decode(on_build=lambda: told.append("again")) is None
     assert told == ["building"]
     unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
-    assert "not the plain Llama layers" in prepare(unfused, on_build=lambda: told.append("no"))
+    reason = unfused.prepare_decode(on_build=lambda: told.append("no"))
+    assert "not the plain Llama layers" in reason
     assert told == ["building"]
 
 
@@ -159,7 +168,7 @@ def test_embedded_model_answers_alike_fused_and_per_op(embedded, mode):
     from msa.generate import prefill
 
     model, tok = embedded.model, embedded.tokenizer
-    assert fused_step(model) is not None
+    assert model.prepare_decode() is None
     text = " ".join(
         f"Line {i}: the {['red', 'green', 'blue'][i % 3]} lamp is number {i * 7}."
         for i in range(60)
@@ -173,10 +182,6 @@ def test_embedded_model_answers_alike_fused_and_per_op(embedded, mode):
         out = []
         for _ in range(16):
             out.append(int(logits.argmax()))
-            if fused:
-                logits = model(torch.tensor(out[-1:]), cache)
-            else:
-                with per_op_decode(model):
-                    logits = model(torch.tensor(out[-1:]), cache)
+            logits = model(torch.tensor(out[-1:]), cache, fused=fused)
         answers.append(out)
     assert answers[0] == answers[1]

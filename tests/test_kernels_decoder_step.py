@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from msa.kernels import decoder_step as ds
+from msa.kernels.decoder_step_reference import decoder_step_reference
 from msa.kernels.testing import assert_close
 from msa.models.quantize import quantize_int4, quantize_int8, unpack_int4
 
@@ -107,7 +108,7 @@ def run_both(
         eps=1e-5,
         inv_freq=inv_freq(),
     )
-    expected = ds.decoder_step_reference(
+    expected = decoder_step_reference(
         x,
         layers,
         keys,

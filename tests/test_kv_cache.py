@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from conftest import assert_close
@@ -86,6 +88,51 @@ def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
     on_disk = in_two_chunks(cache)
     assert_close(on_disk, in_memory, atol=0, what="mapped storage")
     assert cache.capacity >= 90 and list(store.iterdir()) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_spill_files_are_sized_by_the_kv_dtype(tmp_path, monkeypatch, dtype):
+    """Each spilled store is a file of capacity * heads * dim elements of the K/V dtype, and
+    `kv_bytes_per_token` (what the CLI sizes its memory check by) counts the same bytes."""
+    from msa.models import kv_cache
+    from msa.models.config import ModelConfig
+
+    sizes = []
+    real_unlink = os.unlink
+
+    def unlink(path):  # the file's size just before the cache lets go of its name
+        sizes.append(os.path.getsize(path))
+        real_unlink(path)
+
+    monkeypatch.setattr(kv_cache.os, "unlink", unlink)
+    cache = KVCache(3, 2, 8, block_size=16, dtype=dtype, capacity=40, storage_dir=tmp_path)
+    monkeypatch.undo()
+    assert cache.capacity == 48
+    assert sizes == [48 * 2 * 8 * dtype.itemsize] * 6  # K and V of 3 layers
+    config = ModelConfig(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8
+    )
+    assert kv_cache.kv_bytes_per_token(config, dtype) == sum(sizes) // 48
+    cache.write(0, torch.randn(2, 5, 8).to(dtype), torch.randn(2, 5, 8).to(dtype))
+    cache.advance(5)
+    assert cache.nbytes() == 5 * sum(sizes) // 48
+
+
+def test_fetch_reads_restored_rows_and_refuses_what_is_not_cached():
+    model = tiny_model()
+    cache = model.new_cache()
+    model(torch.randint(0, model.config.vocab_size, (70,)), cache)
+    restored = model.new_cache()
+    block = restored.block_size
+    for b in range(4):
+        restored.import_block(b, cache.export_block(b))
+    k, v = restored.fetch(1, block + 3, 3 * block - 2)  # reads blocks 1 and 2
+    assert torch.equal(k, cache.k[1][:, block + 3 : 3 * block - 2])
+    assert torch.equal(v, cache.v[1][:, block + 3 : 3 * block - 2])
+    assert restored.unread_blocks == 4 * model.config.num_hidden_layers - 2
+    for start, end in ((10, 5), (0, restored.capacity + 1)):
+        with pytest.raises(IndexError):
+            restored.fetch(0, start, end)
 
 
 def test_int8_rows_are_rounded_within_half_a_step():
@@ -199,9 +246,9 @@ def test_a_plain_write_and_a_cut_through_a_restored_block_see_its_rows():
 
 
 def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch):
-    from msa.models import kv_cache
+    from msa.models import kv_restore
 
-    monkeypatch.setattr(kv_cache, "MAX_UNREAD_BLOCKS", 2)
+    monkeypatch.setattr(kv_restore, "MAX_UNREAD_BLOCKS", 2)
     model = tiny_model()
     cache = model.new_cache()
     model(torch.randint(0, model.config.vocab_size, (70,)), cache)

@@ -9,6 +9,7 @@ import torch
 from conftest import assert_close
 from tiny_checkpoints import tiny_model
 
+from msa.models.attention_plan import AttentionPlan
 from msa.models.attention_settings import AttentionSettings
 from msa.models.layers import RotaryEmbedding, apply_rope
 from msa.models.msa import _select, _sparse_repositioned
@@ -26,15 +27,17 @@ def test_msa_selecting_every_block_equals_dense(heads, kv_heads, n_tokens, bound
     msa = model.new_cache(
         settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from)
     )
-    for cache in (dense, msa):
-        cache.logits = [
+    logits = {}
+    for name, cache in (("dense", dense), ("msa", msa)):
+        logits[name] = [
             model(tokens[s : s + 48], cache, all_logits=True) for s in range(0, n_tokens, 48)
         ]
-        cache.logits += [
+        logits[name] += [
             model(tokens[i : i + 1], cache, all_logits=True) for i in range(n_tokens, n_tokens + 3)
         ]
     # fp32; observed max difference ~1e-6 (only summation order differs)
-    assert_close(torch.cat(msa.logits), torch.cat(dense.logits), atol=1e-4, what="msa vs dense")
+    got, want = torch.cat(logits["msa"]), torch.cat(logits["dense"])
+    assert_close(got, want, atol=1e-4, what="msa vs dense")
 
 
 @pytest.mark.parametrize("bounded_from", [0, 10**9], ids=["bounded", "true-positions"])
@@ -48,12 +51,13 @@ def test_msa_selecting_every_block_equals_dense_in_bf16(bounded_from):
         settings=AttentionSettings(mode="msa", topk=64, bounded_from=bounded_from)
     )
     assert dense.dtype == msa.dtype == torch.bfloat16
-    for cache in (dense, msa):
-        cache.logits = [
+    logits = {}
+    for name, cache in (("dense", dense), ("msa", msa)):
+        logits[name] = [
             model(tokens[s : s + 48], cache, all_logits=True) for s in range(0, 200, 48)
         ]
-        cache.logits += [model(tokens[i : i + 1], cache, all_logits=True) for i in range(200, 203)]
-    got, want = torch.cat(msa.logits), torch.cat(dense.logits)
+        logits[name] += [model(tokens[i : i + 1], cache, all_logits=True) for i in range(200, 203)]
+    got, want = torch.cat(logits["msa"]), torch.cat(logits["dense"])
     # bf16 keeps 8 bits of mantissa and the two paths round in other places: logits |x| <= ~2,
     # observed max difference 0.012 (one or two bf16 steps); the bound is a few steps more
     assert_close(got, want, atol=0.05, rtol=0.01, what="msa vs dense, bf16")
@@ -138,8 +142,9 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     from msa.kernels import block_summaries
 
     summaries = block_summaries(keys, block, "minmax")
-    idx = _select(q, q_start, summaries, settings, block)
-    got = _sparse_repositioned(q, q_start, keys, v, idx, settings, block, rope)
+    plan = AttentionPlan.of(settings, block)
+    idx = _select(q, q_start, summaries, plan, block)
+    got = _sparse_repositioned(q, q_start, keys, v, idx, plan, block, rope)
     expected = _repositioned_reference(
         q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope
     )

@@ -11,7 +11,9 @@ from test_msa_attention import _repositioned_reference
 
 from msa.kernels import block_summaries, score_blocks
 from msa.models import msa
+from msa.models.attention import attend
 from msa.models.attention_settings import AttentionSettings
+from msa.models.forward import ForwardContext
 from msa.models.kv_cache import KVCache
 from msa.models.layers import RotaryEmbedding, apply_rope
 from msa.models.msa_decode import _select as decode_select
@@ -55,6 +57,13 @@ def _cache(
     return cache, rope, k_pre, v
 
 
+def _decode(q, cache, layer, q_start, rope, ctx=None):
+    """The one-query path for `layer`, in a forward of its own unless `ctx` (one forward's
+    context, shared by its layers in order) is given."""
+    ctx = ctx or ForwardContext.open(cache, rope, q_start, 1)
+    return decode_attend(q, ctx, layer)
+
+
 CASES = [
     # n_tokens, heads, kv heads, settings
     (300, 6, 2, dict(topk=3, local_blocks=2, sink_blocks=1, bounded_from=0)),
@@ -77,7 +86,7 @@ CASES = [
 
 
 def _reference_general(q, cache, rope, n_tokens, layer=0, idx=None):
-    s, block = cache.settings, cache.block_size
+    s, block = cache.plan, cache.block_size
     q_start = n_tokens - 1
     keys, values = cache.k[layer][:, :n_tokens], cache.v[layer][:, :n_tokens]
     summaries = cache.block_summaries(
@@ -100,12 +109,12 @@ def test_one_query_path_equals_the_general_path(n_tokens, heads, kv_heads, setti
     want_idx, want = _reference_general(q, cache, rope, n_tokens)
     qf = cache.score_frame(q, n_tokens - 1).view(kv_heads, heads // kv_heads, 16)
     summaries = cache.block_summaries(0, n_tokens, by_content=True)
-    idx, n_far, n_used, _ = decode_select(qf, summaries, n_tokens, cache.settings, 16)
+    idx, n_far, n_used, _ = decode_select(qf, summaries, n_tokens, cache.plan, 16)
     assert torch.equal(idx, want_idx[:, 0])
     assert n_used == int((idx[0] >= 0).sum()) and n_far == int(
         ((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum()
     )
-    got = decode_attend(q, cache, 0, n_tokens - 1, rope)
+    got = _decode(q, cache, 0, n_tokens - 1, rope)
     # fp32: only the order of summation differs (scores, the rotated query instead of rotated keys)
     assert_close(got, want, atol=1e-5, what="one-query path vs general path")
 
@@ -121,12 +130,12 @@ def test_one_query_path_equals_the_reference_of_bounded_positions():
         cache.score_frame(q, 332),
         332,
         cache.block_summaries(0, 333, by_content=True),
-        cache.settings,
+        cache.plan,
         16,
     )
     want = _repositioned_reference(q_pre, k_pre, v, idx, 332, 16, 2, rope)
     assert_close(
-        decode_attend(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference"
+        _decode(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference"
     )
 
 
@@ -160,11 +169,11 @@ def test_ties_at_the_cut_off_go_to_the_lower_block():
     want_idx, want = _reference_general(q, cache, rope, 400)
     qf = cache.score_frame(q, 399).view(2, 3, 16)
     idx, _, _, _ = decode_select(
-        qf, cache.block_summaries(0, 400, by_content=True), 400, cache.settings, 16
+        qf, cache.block_summaries(0, 400, by_content=True), 400, cache.plan, 16
     )
     assert torch.equal(idx, want_idx[:, 0])
     assert idx[0, :4].tolist() == [0, 1, 2, 3]  # the sink, then the three lowest candidates
-    assert_close(decode_attend(q, cache, 0, 399, rope), want, atol=1e-5, what="with ties")
+    assert_close(_decode(q, cache, 0, 399, rope), want, atol=1e-5, what="with ties")
 
 
 def test_partial_rope_and_bf16_cache():
@@ -181,7 +190,7 @@ def test_partial_rope_and_bf16_cache():
     cache.write(0, keys, v.bfloat16())
     q = torch.randn(6, 1, d).bfloat16()
     want_idx, want = _reference_general(q, cache, rope, 290)
-    got = decode_attend(q, cache, 0, 289, rope)
+    got = _decode(q, cache, 0, 289, rope)
     assert got.dtype == torch.bfloat16
     assert_close(
         got.float(),
@@ -199,13 +208,13 @@ def test_restored_blocks_are_read_only_when_selected():
     for b in range(n // 16):
         restored.import_block(b, cache.export_block(b))
     q = torch.randn(6, 1, 16)
-    got = decode_attend(q, restored, 0, n - 1, rope)
+    got = _decode(q, restored, 0, n - 1, rope)
     qf = cache.score_frame(q, n - 1).view(2, 3, 16)
     idx, _, _, _ = decode_select(
-        qf, cache.block_summaries(0, n, by_content=True), n, cache.settings, 16
+        qf, cache.block_summaries(0, n, by_content=True), n, cache.plan, 16
     )
     assert restored.unread_blocks == n // 16 - len(idx.unique())  # sink, top 2 and local of 20
-    assert torch.equal(got, decode_attend(q, cache, 0, n - 1, rope))
+    assert torch.equal(got, _decode(q, cache, 0, n - 1, rope))
 
 
 def _taken_in_turn(q, cache, layer, n, topk, sink, local):
@@ -234,7 +243,7 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
             cache.score_frame(q, n - 1),
             n - 1,
             cache.block_summaries(layer, n, by_content=True),
-            cache.settings,
+            cache.plan,
             16,
         )[:, 0]
         for layer, q in enumerate(queries)
@@ -243,12 +252,13 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
     shared = torch.tensor([0, *far, (n - 1) // 16], dtype=own[1].dtype).expand(2, -1)[:, None]
     assert not torch.equal(own[1][0], own[1][1])  # the heads chose differently
     assert not torch.equal(own[2], shared[:, 0])  # and layer 2 would choose otherwise
+    step = ForwardContext.open(cache, rope, n - 1, 1)  # one decode step through the layers
     for layer, q in enumerate(queries):
         _, want = _reference_general(
             q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else shared
         )
         assert_close(
-            decode_attend(q, cache, layer, n - 1, rope), want, atol=1e-5, what=f"layer {layer}"
+            _decode(q, cache, layer, n - 1, rope, step), want, atol=1e-5, what=f"layer {layer}"
         )
 
 
@@ -260,21 +270,22 @@ def test_the_selection_layer_stays_out_of_the_cache_identity():
         AttentionSettings(selection_layer=-1)
 
 
-@pytest.mark.parametrize("question_from", [None, 280])
+@pytest.mark.parametrize("question_from", [None, 280, 290])
 def test_a_question_chunk_shares_the_selection_layers_union(question_from):
+    """A chunk that starts in the question (280: at its start) scores by content and shares;
+    a document's chunk, or one that starts before the question (290), scores as stored."""
     n, tq = 300, 20  # the chunk: positions 280..299, two query blocks
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
-    cache.question_from = question_from
+    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=question_from)
     queries = [torch.randn(6, tq, 16) for _ in range(3)]
-    in_question = (
-        question_from is not None
-    )  # a question's chunk scores by content, a document's as stored
+    in_question = question_from is not None and question_from <= n - tq
+    assert chunk.in_question(n - tq) == in_question
     own = [
         msa._select(
             cache.score_frame(q, n - tq) if in_question else q,
             n - tq,
             cache.block_summaries(layer, n, by_content=in_question),
-            cache.settings,
+            cache.plan,
             16,
         )
         for layer, q in enumerate(queries)
@@ -284,26 +295,14 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
     for j, row in enumerate(rows):
         union[:, j, : len(row)] = row
     for layer, q in enumerate(queries):
-        shared = question_from is not None and layer >= 1
+        shared = in_question and layer >= 1
         idx = union if shared else own[layer]
         want = msa._sparse_repositioned(
-            q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.settings, 16, rope
+            q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.plan, 16, rope
         )
-        got = msa.attend(
-            q, cache.k[layer][:, :n], cache.v[layer][:, :n], cache, layer, n - tq, rope
-        )
+        got = attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], chunk, layer)
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")
     assert union.shape[-1] > own[1].shape[-1]  # the heads chose differently
     assert not torch.equal(
         own[2], union[..., : own[2].shape[-1]]
     )  # layer 2 alone would choose otherwise
-
-
-def test_truncating_before_the_question_forgets_it():
-    cache, _, _, _ = _cache(64, topk=2)
-    cache.advance(64)
-    cache.question_from = 48
-    cache.truncate(48)
-    assert cache.question_from == 48
-    cache.truncate(32)
-    assert cache.question_from is None

@@ -36,18 +36,17 @@ def test_the_question_selects_the_needles_block(embedded, depth):
 
     hits = []
 
-    def check(layer, q, q_start):
+    def check(cache, layer, q, q_start):
         n = q_start + q.shape[1]
         summaries = cache.block_summaries(
             layer, n, by_content=True
         )  # the question scores by content
         idx = _select(
-            cache.score_frame(q, q_start), q_start, summaries, cache.settings, cache.block_size
+            cache.score_frame(q, q_start), q_start, summaries, cache.plan, cache.block_size
         )  # [Hkv, nq, K]
         hits.append((idx[:, -1] == needle_block).any(dim=-1).float().mean().item())
 
-    cache.observe_queries = check
-    prefill(embedded.model, cache, prompt.tail)
+    prefill(embedded.model, cache, prompt.tail, observer=check)
     assert len(hits) == embedded.config.num_hidden_layers
     recall = sum(hits) / len(hits)
     # top-8 of ~30 candidate blocks would find it by chance in ~27% of (layer, KV head) pairs

@@ -146,24 +146,26 @@ def test_int4_prefill_copy_is_the_dequantized_weights(weight, rows, copy_dtype):
 
 
 def test_prefill_copies_where_asked_or_small(monkeypatch):
-    from msa.models import quantize
+    from msa.models import prefill_copy
 
     monkeypatch.setenv("MSA_PREFILL_COPY", "bf16")
-    assert quantize.prefill_copy_dtype(10**12) == torch.bfloat16
+    assert prefill_copy.prefill_copy_dtype(10**12) == torch.bfloat16
     monkeypatch.setenv("MSA_PREFILL_COPY", "fp32")
-    assert quantize.prefill_copy_dtype(1000) == torch.float32
+    assert prefill_copy.prefill_copy_dtype(1000) == torch.float32
     monkeypatch.setenv("MSA_PREFILL_COPY", "none")
-    assert quantize.prefill_copy_dtype(1000) is None
+    assert prefill_copy.prefill_copy_dtype(1000) is None
     monkeypatch.delenv("MSA_PREFILL_COPY")
-    monkeypatch.setattr(quantize, "native_bf16", lambda: True)
-    assert quantize.prefill_copy_dtype(100_000_000) == torch.bfloat16  # the embedded model's size
+    monkeypatch.setattr(prefill_copy, "native_bf16", lambda: True)
     assert (
-        quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES) is None
+        prefill_copy.prefill_copy_dtype(100_000_000) == torch.bfloat16
+    )  # the embedded model's size
+    assert (
+        prefill_copy.prefill_copy_dtype(prefill_copy.PREFILL_COPY_MAX_BYTES) is None
     )  # 2 bytes a weight: too big
-    monkeypatch.setattr(quantize, "native_bf16", lambda: False)
-    assert quantize.prefill_copy_dtype(100_000_000) == torch.float32
+    monkeypatch.setattr(prefill_copy, "native_bf16", lambda: False)
+    assert prefill_copy.prefill_copy_dtype(100_000_000) == torch.float32
     assert (
-        quantize.prefill_copy_dtype(quantize.PREFILL_COPY_MAX_BYTES // 2) is None
+        prefill_copy.prefill_copy_dtype(prefill_copy.PREFILL_COPY_MAX_BYTES // 2) is None
     )  # 4 bytes a weight
 
 

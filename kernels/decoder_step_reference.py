@@ -1,0 +1,162 @@
+"""The definition of the fused decode step (decoder_step.py) in plain PyTorch, built from the
+ops of this package (`score_blocks`, `select_blocks`): what tests/test_kernels_decoder_step.py
+holds the C++ extension to. Far keys are rotated forward here where the extension
+counter-rotates the query."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .decoder_step import FP32, INT8, StepSettings
+from .scoring import score_blocks
+from .selection import select_blocks
+
+
+def linear_reference(spec, x: torch.Tensor) -> torch.Tensor:
+    """y = W x for one linear spec, x fp32 [K] -> fp32 [N], as PyTorch's kernels compute it."""
+    kind, a, b, group = spec
+    if kind == FP32:
+        return a @ x
+    xb = x.to(torch.bfloat16)[None]
+    if kind == INT8:
+        return torch.ops.aten._weight_int8pack_mm(xb, a, b)[0].float()
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, a, group, b)[0].float()
+
+
+def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [..., D] by angles [..., D/2] (broadcasting)."""
+    cos, sin = (
+        torch.cat([angles.cos(), angles.cos()], -1).float(),
+        torch.cat([angles.sin(), angles.sin()], -1).float(),
+    )
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def decoder_step_reference(
+    x,
+    layers,
+    keys,
+    values,
+    pos: int,
+    cos,
+    sin,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    eps: float,
+    settings: StepSettings = StepSettings(),
+    summaries=None,
+    inv_freq=None,
+) -> torch.Tensor:
+    """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified).
+
+    `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
+    specs `qkv` (q, then k, then v rows), `o`, `gate_up` (gate rows, then up rows) and `down`.
+    An MSA step (pos >= settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
+    x = x.clone()
+    d = cos.shape[0]
+    shared = None
+    for layer, (spec, k_store, v_store) in enumerate(zip(layers, keys, values)):
+        h = F.rms_norm(x, x.shape, spec["norm_in"], eps)
+        qkv = linear_reference(spec["qkv"], h)
+        q0 = qkv[: n_heads * d].view(n_heads, d)
+        qk = qkv[: (n_heads + n_kv_heads) * d].view(-1, d)
+        qk = qk * cos + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin
+        q, k = qk[:n_heads], qk[n_heads:]
+        k_store[:, pos] = k
+        v_store[:, pos] = qkv[(n_heads + n_kv_heads) * d :].view(n_kv_heads, d)
+        if pos < settings.sparse_from:
+            keys_of = [torch.arange(pos + 1)] * n_kv_heads
+            k_read = [k_store[g, : pos + 1] for g in range(n_kv_heads)]
+        else:
+            if (
+                shared is None
+                or settings.selection_layer is None
+                or layer <= settings.selection_layer
+            ):
+                chosen = _msa_choice(q0, summaries[layer], pos, settings)
+                if layer == settings.selection_layer:
+                    shared = _share(chosen, settings)
+                    chosen = [shared] * n_kv_heads
+            else:
+                chosen = [shared] * n_kv_heads
+            keys_of, k_read = [], []
+            for g, (blocks, n_far, *_) in enumerate(chosen):
+                tokens, moved = _read(k_store[g], blocks, n_far, pos, settings, inv_freq)
+                keys_of.append(tokens)
+                k_read.append(moved)
+        group = n_heads // n_kv_heads
+        attn = torch.stack(
+            [
+                torch.softmax(k_read[hd // group] @ q[hd] * d**-0.5, dim=0)
+                @ v_store[hd // group, keys_of[hd // group]]
+                for hd in range(n_heads)
+            ]
+        )  # [Hq, D]
+        x = x + linear_reference(spec["o"], attn.reshape(-1))
+        h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
+        gate, up = linear_reference(spec["gate_up"], h).chunk(2)
+        x = x + linear_reference(spec["down"], F.silu(gate) * up)
+    return x
+
+
+def _msa_choice(q0, summaries, pos: int, s: StepSettings):
+    """Per KV head: (selected blocks ascending, how many are far, its top-k best first or None)."""
+    n_kv_heads, b = summaries.shape[0], s.block_size
+    n_full = pos // b
+    scores = score_blocks(q0, summaries[:, :n_full], impl="reference")  # [Hkv, n_full]
+    idx = select_blocks(
+        scores,
+        n_tokens=pos + 1,
+        block_size=b,
+        topk=s.topk,
+        local_blocks=s.local_blocks,
+        sink_blocks=s.sink_blocks,
+        impl="reference",
+    )
+    local_start = max(0, pos // b - s.local_blocks + 1)
+    sink_end = min(s.sink_blocks, local_start)
+    out = []
+    for g in range(n_kv_heads):
+        blocks = [int(i) for i in idx[g] if i >= 0]
+        n_far = sum(1 for i in blocks if i < local_start)
+        ranked = None
+        if local_start - sink_end > s.topk:
+            candidates = range(sink_end, local_start)
+            ranked = sorted(candidates, key=lambda c: (-float(scores[g, c]), c))[: s.topk]
+        out.append((blocks, n_far, ranked))
+    return out
+
+
+def _share(chosen, s: StepSettings):
+    """One (blocks, n_far, None) for every head: the heads' top-k in turn, best first, first
+    occurrences."""
+    blocks, n_far, ranked = chosen[0]
+    if ranked is None:
+        return blocks, n_far, None
+    taken = []
+    for r in range(s.topk):
+        for _, _, head_ranked in chosen:
+            if head_ranked[r] not in taken and len(taken) < s.topk:
+                taken.append(head_ranked[r])
+    sink_end = n_far - s.topk
+    return blocks[:sink_end] + sorted(taken) + blocks[n_far:], n_far, None
+
+
+def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):
+    """Token positions of the selected blocks up to pos, and their keys [n, D], far blocks
+    rotated forward to sit back to back before the local window once pos >= bounded_from."""
+    b = s.block_size
+    window_first = pos // b - s.local_blocks + 1
+    tokens, rows = [], []
+    for slot, block in enumerate(blocks):
+        span = torch.arange(block * b, min((block + 1) * b, pos + 1))
+        k = k_head[span]
+        if slot < n_far and pos >= s.bounded_from:
+            shift = (window_first - block) - (n_far - slot)
+            k = rotate(k, shift * b * inv_freq.double())
+        tokens.append(span)
+        rows.append(k)
+    return torch.cat(tokens), torch.cat(rows)

@@ -1,0 +1,50 @@
+"""The one attention entry of the models: `attend(q, keys, values, ctx, layer)`.
+
+It reads the plan of `ctx` (attention_plan.py) and picks, for the queries of one forward:
+- dense attention for the queries before `plan.sparse_from` (all of a chunk that lies there
+  takes PyTorch's fused kernel directly, no argument checks per layer);
+- one sparse query (a decode step): msa_decode.py's path, the same attention in far fewer ops;
+- a sparse chunk: msa.py's chunked MSA, at true positions before `plan.bounded_from` and with
+  far blocks moved to a bounded distance from there on.
+Under them the ops of `msa.kernels` choose their reference, CPU or Triton implementation by
+device. A whole one-token forward may instead run the fused C++ decode step
+(fused_decode.py), which computes the same plan for every layer in one call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from msa.kernels import dense_attention
+from msa.kernels.dense import dense_attention_sdpa
+
+from .forward import ForwardContext
+from .msa import chunk_attend
+from .msa_decode import decode_attend
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ctx: ForwardContext, layer: int
+) -> torch.Tensor:
+    """q: [Hq, Tq, D] at positions ctx.start..; keys, values: [Hkv, ctx.start+Tq, D], of which
+    the cache's restored blocks are loaded here as they are read (`KVCache.write(selective=True)`).
+    Returns [Hq, Tq, D]."""
+    cache, plan, q_start = ctx.cache, ctx.plan, ctx.start
+    if ctx.observer is not None:
+        ctx.observer(cache, layer, q, q_start)
+    tq = q.shape[1]
+    n_dense = plan.n_dense(q_start, tq)
+    if n_dense == tq:
+        cache.load_tokens(layer, 0, q_start + tq)
+        return dense_attention_sdpa(q, q_start, keys, values, q.shape[-1] ** -0.5)
+    if tq == 1:
+        return decode_attend(q, ctx, layer)
+    parts = []
+    if n_dense:
+        end = q_start + n_dense
+        cache.load_tokens(layer, 0, end)
+        parts.append(
+            dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start)
+        )
+    parts += chunk_attend(q[:, n_dense:], q_start + n_dense, keys, values, ctx, layer)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

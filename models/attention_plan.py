@@ -1,0 +1,84 @@
+"""The attention plan: `AttentionSettings` resolved for one cache, and the one place that says
+which queries attend densely, which read selected blocks at true or at bounded positions, and
+which layers share the selection layer's blocks. The dispatch (attention.py), the one-query MSA
+path (msa_decode.py) and the fused decode step (fused_decode.py) all read it from here."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .attention_settings import AttentionSettings
+
+
+def resolve_settings(settings: AttentionSettings | None, config) -> AttentionSettings:
+    """`settings` (None: the defaults) with the model's own block size and, for `bounded_from`
+    None, its trained context filled in: what a cache for that model records."""
+    settings = settings or AttentionSettings()
+    return dataclasses.replace(
+        settings,
+        block_size=settings.block_size or config.kv_block_size,
+        bounded_from=config.max_position_embeddings
+        if settings.bounded_from is None
+        else settings.bounded_from,
+    )
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    block_size: int
+    sparse_from: float  # the first query position that reads selected blocks (inf: never)
+    bounded_from: float  # the first whose far blocks sit at a bounded distance (inf: never)
+    topk: int
+    local_blocks: int
+    sink_blocks: int
+    selection_layer: int | None
+
+    @classmethod
+    def of(cls, settings: AttentionSettings, block_size: int) -> AttentionPlan:
+        bounded = settings.bounded_from
+        return cls(
+            block_size=block_size,
+            sparse_from=settings.sparse_from,
+            bounded_from=math.inf if bounded is None else bounded,
+            topk=settings.topk,
+            local_blocks=settings.local_blocks,
+            sink_blocks=settings.sink_blocks,
+            selection_layer=settings.selection_layer,
+        )
+
+    @property
+    def dense_only(self) -> bool:
+        """Whether no query ever reads selected blocks."""
+        return math.isinf(self.sparse_from)
+
+    def is_sparse(self, position: int) -> bool:
+        """Whether the query at `position` reads selected blocks (else every earlier token)."""
+        return position >= self.sparse_from
+
+    def is_bounded(self, position: int) -> bool:
+        """Whether a sparse query at `position` reads its far blocks at a bounded distance."""
+        return position >= self.bounded_from
+
+    def n_dense(self, start: int, count: int) -> int:
+        """How many of the `count` queries from `start` attend densely: the first ones."""
+        return _n_before(self.sparse_from, start, count)
+
+    def n_true_positions(self, start: int, count: int) -> int:
+        """How many of `count` sparse queries from `start` read their blocks at true positions:
+        the first ones."""
+        return _n_before(self.bounded_from, start, count)
+
+    def reads_shared(self, layer: int) -> bool:
+        """Whether `layer` reads the selection layer's blocks instead of selecting its own (for
+        the queries that share: decode steps and the question's chunks)."""
+        return self.selection_layer is not None and layer > self.selection_layer
+
+    def keeps_shared(self, layer: int) -> bool:
+        """Whether `layer` makes the one selection the layers after it read."""
+        return layer == self.selection_layer
+
+
+def _n_before(limit: float, start: int, count: int) -> int:
+    return int(min(max(limit - start, 0), count))

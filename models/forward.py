@@ -1,0 +1,74 @@
+"""What one forward pass hands down through its layers, explicitly: `ForwardContext`.
+
+`Transformer.forward(tokens, cache, question_from=..., observer=...)` opens one for the new
+tokens and passes it through every block to attention (attention.py); nothing of it is kept on
+the model or the cache after the call, apart from the K/V the layers write into the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .attention_plan import AttentionPlan
+from .kv_cache import KVCache
+from .layers import RotaryEmbedding
+
+
+class AttentionObserver(Protocol):
+    """Sees every layer's queries before attention reads the cache (msa's sources): q [Hq, T, D]
+    at positions q_start..; the cache holds their K/V (`cache.fetch` reads them)."""
+
+    def __call__(self, cache: KVCache, layer: int, q: torch.Tensor, q_start: int) -> None: ...
+
+
+@dataclass
+class ForwardContext:
+    cache: KVCache  # the caller's: the layers write the new K/V into it and read it back
+    plan: AttentionPlan
+    rope: RotaryEmbedding  # the model's, to re-rotate far blocks
+    start: int  # position of the first new token
+    count: int  # new tokens
+    cos: torch.Tensor  # [count, R]: their RoPE angles
+    sin: torch.Tensor
+    # Where the question starts: a chunk from here on scores blocks by content and shares the
+    # selection layer's blocks (decode steps always do). Never a document's position, so cached
+    # document blocks do not depend on it.
+    question_from: int | None = None
+    observer: AttentionObserver | None = None
+    # the selection layer's blocks for the layers after it: ((first query, n queries), blocks)
+    shared_selection: tuple | None = None
+
+    @classmethod
+    def open(
+        cls,
+        cache: KVCache,
+        rope: RotaryEmbedding,
+        start: int,
+        count: int,
+        *,
+        question_from: int | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> ForwardContext:
+        cos, sin = rope.cos_sin_range(start, count)
+        return cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
+
+    def in_question(self, q_start: int) -> bool:
+        """Whether the chunk of queries from `q_start` is part of the question."""
+        return self.question_from is not None and q_start >= self.question_from
+
+    def select_shared(self, layer: int, key: tuple, choose: Callable, share: Callable):
+        """The blocks the queries `key` (first position, count) read in `layer`: `choose()` up to
+        the plan's selection layer, which keeps `share(choose())` (one set for every KV head)
+        for the layers after it."""
+        kept = self.shared_selection
+        if self.plan.reads_shared(layer) and kept is not None and kept[0] == key:
+            return kept[1]
+        chosen = choose()
+        if self.plan.keeps_shared(layer):
+            chosen = share(chosen)
+            self.shared_selection = (key, chosen)
+        return chosen
