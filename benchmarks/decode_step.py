@@ -6,7 +6,8 @@ from it (the cache cut back after each round), each path timed in turn, best of 
 rounds of --steps steps; also the largest difference of the two paths' logits for that step
 (relative to the largest logit) and whether they pick the same token.
 
-    python benchmarks/decode_step.py [--lengths 512,2k,8k] [--quant int4] [--threads 2] [--json out.json]
+    python benchmarks/decode_step.py [--lengths 512,2k,8k] [--quant int4] [--threads 2] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def main() -> None:
         )
     print(f"decode step of {loaded.name}, {args.quant} weights, {args.threads} threads")
     print(
-        f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}{'logits diff':>13}{'same token':>12}"
+        f"{'length':>8}{'per-op ms':>11}{'fused ms':>10}{'speedup':>9}"
+        f"{'logits diff':>13}{'same token':>12}"
     )
     for r in rows:
         print(

@@ -54,7 +54,7 @@ def measure(loaded, length: int, n_depths: int, topk: int) -> dict:
         prefill(loaded.model, cache, ids[: prompt.context_length])
         captured.clear()
         # the attention's hook sees each layer's queries after their keys are written
-        cache.observe_queries = lambda layer, q, q_start: captured.append(
+        cache.observe_queries = lambda layer, q, q_start, cache=cache: captured.append(
             (q.clone(), cache.k[layer][:, : q_start + q.shape[1]].clone(), q_start)
         )
         prefill(loaded.model, cache, prompt.tail)
@@ -110,12 +110,14 @@ def main():
     loaded, _ = runtime.load("smollm2-135m")
     result = measure(loaded, args.length, args.depths, args.topk)
     print(
-        f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers 0-29 in --json)"
+        f"length {args.length}, top-k {args.topk}, {args.depths} depths: mean over layers (layers "
+        f"0-29 in --json)"
     )
     print(f"{'scoring':<15} {'mass':>6} {'recall':>7}")
     for name, r in result.items():
         print(
-            f"{name:<15} {sum(r['mass']) / len(r['mass']):>6.3f} {sum(r['recall']) / len(r['recall']):>7.3f}"
+            f"{name:<15} {sum(r['mass']) / len(r['mass']):>6.3f} "
+            f"{sum(r['recall']) / len(r['recall']):>7.3f}"
         )
     if args.json:
         with open(args.json, "w") as f:

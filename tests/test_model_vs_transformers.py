@@ -1,4 +1,5 @@
-"""Our model and tokenizer on the embedded GGUF against Hugging Face transformers on the same file."""
+"""Our model and tokenizer on the embedded GGUF against Hugging Face transformers on the same
+file."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_logits_match_transformers(embedded_fp32, hf_reference):
         actual = embedded_fp32.model(
             torch.tensor(ids), embedded_fp32.model.new_cache(), all_logits=True
         )
-        # both dequantize the same Q4_1/Q8_0 weights to fp32; observed max error ~5e-5 on logits of ~30
+        # both dequantize the same Q4_1/Q8_0 weights to fp32; observed max error ~5e-5 on logits
+        # of ~30
         assert_close(actual, expected, atol=2e-3, rtol=1e-4, what=repr(text[:20]))
         assert torch.equal(actual.argmax(-1), expected.argmax(-1))
 
@@ -106,6 +108,7 @@ def test_streaming_decode_equals_full_decode(embedded):
 def test_chat_template_is_the_files_own(embedded):
     text = embedded.tokenizer.template.render([{"role": "user", "content": "Hi"}])
     assert text == (
-        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )

@@ -28,7 +28,8 @@ gguf = pytest.importorskip("gguf")
 
 
 def tiny_config() -> ModelConfig:
-    # every input width a multiple of Q4_1's block of 32, every output of 16 (the int4 kernel's needs)
+    # every input width a multiple of Q4_1's block of 32, every output of 16 (the int4 kernel's
+    # needs)
     return ModelConfig(
         vocab_size=262,
         hidden_size=192,

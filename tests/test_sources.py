@@ -14,16 +14,33 @@ from msa.prompt import Prompt
 from msa.sources import _block_sources
 
 TOPICS = [
-    "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops running for a few weeks until the current slows again.",
-    "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are pressed into cider in the old stone barn, and the rest are sold at the Saturday market along with honey and walnuts.",
-    "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
-    "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the doorsteps, and the town built a new sea wall the following year, paid for by a tax on fishing licences.",
-    "The library of {p} holds {k} thousand books, among them a collection of old maps of the region. It is open every weekday morning, and on Thursdays a volunteer reads stories to children in the garden.",
-    "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs through pine forest and then over bare rock, and walkers are advised to start before dawn in July.",
-    "The football club of {p} first played in {y}. It plays in green shirts, and its small wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the country.",
-    "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was once a wool warehouse, and the pupils grow vegetables in a long garden behind the playground.",
-    "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen fifties, and after a restoration its sails turn again on the first Sunday of each month.",
-    "The choir of {p} sings every December in the market square. It has {k} members, and its oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
+    "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches "
+    "the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops "
+    "running for a few weeks until the current slows again.",
+    "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are "
+    "pressed into cider in the old stone barn, and the rest are sold at the Saturday market "
+    "along with honey and walnuts.",
+    "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, "
+    "and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
+    "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the "
+    "doorsteps, and the town built a new sea wall the following year, paid for by a tax on "
+    "fishing licences.",
+    "The library of {p} holds {k} thousand books, among them a collection of old maps of the "
+    "region. It is open every weekday morning, and on Thursdays a volunteer reads stories to "
+    "children in the garden.",
+    "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs "
+    "through pine forest and then over bare rock, and walkers are advised to start before dawn "
+    "in July.",
+    "The football club of {p} first played in {y}. It plays in green shirts, and its small "
+    "wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the "
+    "country.",
+    "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was "
+    "once a wool warehouse, and the pupils grow vegetables in a long garden behind the "
+    "playground.",
+    "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen "
+    "fifties, and after a restoration its sails turn again on the first Sunday of each month.",
+    "The choir of {p} sings every December in the market square. It has {k} members, and its "
+    "oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
 ]
 NAMES = [
     "Alder",
@@ -53,8 +70,10 @@ NAMES = [
     "Zennor",
 ]
 TARGET = (
-    "The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked rye bread "
-    "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every morning."
+    "The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked "
+    "rye bread "
+    "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every "
+    "morning."
 )
 
 
