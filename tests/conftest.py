@@ -17,6 +17,17 @@ EMBEDDED = "smollm2-135m"
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", get_default_build_root())
 
 
+# Tests that use these load the real embedded model: marked `slow`, so that
+# `pytest -m "not slow"` runs the unit tests alone.
+REAL_MODEL_FIXTURES = {"embedded", "embedded_fp32", "hf_reference"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def converted_models(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("converted-models")
