@@ -92,33 +92,48 @@ def _document(n=40, depth=0.6, seed=1):
     return "\n\n".join(paras) + "\n", at
 
 
+SEEDS = range(1, 8)
+# README: on 29 such documents the answer's paragraph ranked first 9 times (the sources are
+# ranked by the question's dense attention, which reads other blocks first). Measured here over
+# seeds 1-7: first RANKS_FIRST_MEASURED times, and among the sources listed every time.
+RANKS_FIRST_AT_LEAST = 2  # of 7: README's 9 of 29 (31%) is 2.2 of 7
+
+
 @pytest.mark.slow
-def test_the_paragraph_that_holds_the_answer_ranks_first(embedded, tmp_path):
-    text, _ = _document(n=56)  # about 2,900 tokens, 45 blocks
-    doc = tmp_path / "town.txt"
-    doc.write_text(text)
-    line = text[: text.index(TARGET)].count("\n") + 1
-    result = CliRunner().invoke(
-        app,
-        [
-            "ask",
-            str(doc),
-            "Who founded the bakery on Willow Lane?",
-            "-n",
-            "2",
-            "--sources",
-            "--json",
-            "--no-cache",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    sources = json.loads(result.stdout)["sources"]
-    top = sources[0]
-    assert top["path"] == str(doc) and top["start_line"] <= line <= top["end_line"]
-    assert "Willow Lane" in top["text"] and top["text"] in text
-    assert 0 < top["score"] <= 1 and [s["score"] for s in sources] == sorted(
-        (s["score"] for s in sources), reverse=True
-    )
+def test_the_paragraph_that_holds_the_answer_is_among_the_sources(embedded, tmp_path):
+    first = 0
+    for seed in SEEDS:
+        text, _ = _document(n=56, seed=seed)  # about 2,900 tokens, 45 blocks
+        doc = tmp_path / f"town-{seed}.txt"
+        doc.write_text(text)
+        line = text[: text.index(TARGET)].count("\n") + 1
+        result = CliRunner().invoke(
+            app,
+            [
+                "ask",
+                str(doc),
+                "Who founded the bakery on Willow Lane?",
+                "-n",
+                "2",
+                "--sources",
+                "--json",
+                "--no-cache",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        sources = json.loads(result.stdout)["sources"]
+        assert all(s["path"] == str(doc) and s["text"] in text for s in sources)
+        assert all(0 < s["score"] <= 1 for s in sources) and [
+            s["score"] for s in sources
+        ] == sorted((s["score"] for s in sources), reverse=True)
+        holding = [
+            rank
+            for rank, s in enumerate(sources)
+            if s["start_line"] <= line <= s["end_line"] and "Willow Lane" in s["text"]
+        ]
+        assert holding, (seed, [(s["start_line"], s["end_line"]) for s in sources], line)
+        first += holding[0] == 0
+    assert first >= RANKS_FIRST_AT_LEAST, first
 
 
 @pytest.mark.slow
