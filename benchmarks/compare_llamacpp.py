@@ -134,7 +134,7 @@ def run_child(command: list[str], job: dict, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1]}
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -233,8 +233,9 @@ def main() -> None:
                 if "version" in result:
                     row["version"] = result["version"]
                 print(
-                    f"{length:>7} {engine:<10} {setting:<7} {row['prefill_tok_s']:>14} {row['decode_tok_s']:>13} "
-                    f"{row['prefill_tok_per_cpu_s']:>18} {row['decode_tok_per_cpu_s']:>17} {row['peak_rss_mb']:>8}",
+                    f"{length:>7} {engine:<10} {setting:<7} {row['prefill_tok_s']:>14} "
+                    f"{row['decode_tok_s']:>13} {row['prefill_tok_per_cpu_s']:>18} "
+                    f"{row['decode_tok_per_cpu_s']:>17} {row['peak_rss_mb']:>8}",
                     flush=True,
                 )
             rows.append(row)
@@ -245,8 +246,9 @@ def main() -> None:
         )
         for r in ratios:
             print(
-                f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} decode x{r['decode_ratio']:<6}"
-                f" per CPU-second: prefill x{r['prefill_cpu_ratio']:<6} decode x{r['decode_cpu_ratio']}"
+                f"{r['length']:>7} msa {r['msa']:<5} prefill x{r['prefill_ratio']:<6} "
+                f"decode x{r['decode_ratio']:<6} per CPU-second: "
+                f"prefill x{r['prefill_cpu_ratio']:<6} decode x{r['decode_cpu_ratio']}"
             )
     if args.json:
         args.json.write_text(

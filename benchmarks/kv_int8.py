@@ -7,7 +7,8 @@ For each K/V dtype, with the embedded model and the default attention (dense for
   over --depths depths, and how many answers are the same text as with full-precision K/V;
 - the bytes one block takes in the prefix cache, per token (tensors only, no file header).
 
-    python benchmarks/kv_int8.py [--tokens 4096] [--passkey-length 4000] [--depths 5] [--json out.json]
+    python benchmarks/kv_int8.py [--tokens 4096] [--passkey-length 4000] [--depths 5] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main() -> None:
             }
         )
     print(
-        f"{len(ids)} tokens of stdlib source; pass key at {args.passkey_length} tokens, {args.depths} depths; "
+        f"{len(ids)} tokens of stdlib source; pass key at {args.passkey_length} tokens, "
+        f"{args.depths} depths; "
         f"threads {torch.get_num_threads()}"
     )
     print(

@@ -10,7 +10,8 @@ each as a fresh process against an empty cache directory, and reports each ask's
 process start to the first answer token), prefill and cached tokens, and the cache's bytes on
 disk per cached token.
 
-    python benchmarks/prefix_cache.py --tokens 100000 [--kv-dtype int8] --json bench-results/prefix-cache.json
+    python benchmarks/prefix_cache.py --tokens 100000 [--kv-dtype int8] \
+        --json bench-results/prefix-cache.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ best of --repeats), and perplexity on a fixed text: Python standard library sour
 at run time (the repository holds no text it did not write). Perplexity uses dense attention,
 so only the weights differ between rows.
 
-    python benchmarks/quantization.py [--tokens 2048] [--prefill 512] [--decode 32] [--json out.json]
+    python benchmarks/quantization.py [--tokens 2048] [--prefill 512] [--decode 32] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def main() -> None:
         return
     print(f"text: {', '.join(STDLIB_FILES)} ({len(ids)} tokens), threads {torch.get_num_threads()}")
     print(
-        f"{'precision':<10}{'weights MB':>11}{'peak RSS MB':>12}{'prefill tok/s':>15}{'decode tok/s':>14}"
+        f"{'precision':<10}{'weights MB':>11}{'peak RSS MB':>12}{'prefill tok/s':>15}"
+        f"{'decode tok/s':>14}"
         f"{'perplexity':>12}"
     )
     rows = []

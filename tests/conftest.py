@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated home per test, and the real embedded model loaded once per session."""
+"""Shared fixtures: an isolated home per test, and the real embedded model loaded once per
+session."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ EMBEDDED = "smollm2-135m"
 # The fused decode step's C++ build, shared by every test and every `msa` process the tests
 # start, whatever home they get: resolved once, before the per-test homes below.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", get_default_build_root())
+
+
+# Tests that use these load the real embedded model: marked `slow`, so that
+# `pytest -m "not slow"` runs the unit tests alone.
+REAL_MODEL_FIXTURES = {"embedded", "embedded_fp32", "hf_reference"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -85,12 +97,17 @@ def hf_reference(embedded_gguf):
 def assert_close(
     actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float = 0.0, what: str = ""
 ):
-    """Like torch.testing.assert_close, but reports max abs/rel error and fails on NaN."""
+    """Like torch.testing.assert_close, but reports max abs/rel error and fails on NaN; shapes
+    must match exactly (no broadcasting), dtypes may differ (both are compared in fp32)."""
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    )
     actual, expected = actual.float(), expected.float()
     assert not torch.isnan(actual).any(), f"{what}: NaN in result"
     diff = (actual - expected).abs()
     rel = diff / expected.abs().clamp_min(1e-12)
     ok = (diff <= atol + rtol * expected.abs()).all()
     assert ok, (
-        f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} (atol {atol}, rtol {rtol})"
+        f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} "
+        f"(atol {atol}, rtol {rtol})"
     )

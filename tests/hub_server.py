@@ -158,7 +158,8 @@ def _handler(hub: FakeHub):
                 return
             if name in hub.stall and not hub.release.is_set():
                 # the first bytes, then a hang; a retry (after the client's read timeout, which
-                # a loaded machine can reach before the test's Ctrl-C) hangs at once, until `release`
+                # a loaded machine can reach before the test's Ctrl-C) hangs at once, until
+                # `release`
                 self.wfile.write(data[start : max(start, hub.stall[name])])
                 self.wfile.flush()
                 hub.stalled.set()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
+
+from processes import LIMIT_S, wait_until
 
 from msa.models.attention_settings import AttentionSettings
 from msa.server.run import address, listen, make_app, uvicorn_server
@@ -36,13 +37,11 @@ def serving(
     server = uvicorn_server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
+    wait_until(lambda: server.started, "the server started", thread=thread)
     try:
         yield address(sock)
     finally:
         server.should_exit = True
-        thread.join(timeout=60)
+        thread.join(timeout=LIMIT_S)
+        assert not thread.is_alive(), "the server did not stop"
         sock.close()

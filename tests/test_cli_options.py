@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from processes import LIMIT_S
 from typer.testing import CliRunner
 
 from msa.app import app
@@ -216,7 +217,7 @@ def test_installed_bash_completion_completes_commands_and_options(tmp_path):
             f"_msa_completion msa; printf '%s\\n' \"${{COMPREPLY[@]}}\""
         )
         out = subprocess.run(
-            ["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60
+            ["bash", "-c", code], env=env, capture_output=True, text=True, timeout=LIMIT_S
         )
         return out.stdout.split()
 

@@ -25,7 +25,10 @@ HTML = b"""<!doctype html><html><head><title>Not text</title><style>p { color: r
 <h1>The  Harbor</h1><p>Ships <b>come</b> in.<br>Every day.</p>
 <ul><li>one</li><li>two &amp; three</li></ul>
 <h2>The Tower</h2><div><p>It has 112 steps.</p></div></body></html>"""
-HTML_TEXT = "The Harbor\n\nShips come in.\nEvery day.\n\none\n\ntwo & three\n\nThe Tower\n\nIt has 112 steps.\n"
+HTML_TEXT = (
+    "The Harbor\n\nShips come in.\nEvery day.\n\none\n\ntwo & three\n\n"
+    "The Tower\n\nIt has 112 steps.\n"
+)
 
 
 def write_pdf(path: Path, pages: list[str]) -> Path:
@@ -71,7 +74,8 @@ def test_pdf_pages_become_marked_text(tmp_path):
     )
     doc = read_document(str(path))
     assert doc.text == (
-        "[page 1]\nThe harbor opened in 1847.\nShips came in.\n\n[page 2]\nThe tower has 112 steps.\n\n"
+        "[page 1]\nThe harbor opened in 1847.\nShips came in.\n\n[page 2]\nThe tower has 112 "
+        "steps.\n\n"
         "[page 3]\nThe last keeper left in 1989.\n"
     )
     context = read_context([str(path)])

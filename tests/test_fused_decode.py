@@ -76,7 +76,12 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
     )
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
     assert runs == list(range(150, 190))  # the fused forwards ran the kernel, the others did not
-    tol = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
+    # Both paths compute the same products (fp32, or the same int4 weights dequantized the same
+    # way) and differ only in the order of float sums: measured at most 3.1e-7 of the largest
+    # logit and 3e-7 on keys and values of about 0.3 standard deviation, fp32 and int4 alike
+    # (int4's logits were equal). The bound is ~30x that: room for float rounding on another
+    # CPU, none for a wrong position, block or scale.
+    tol = 1e-5
     scale = per_op.abs().max()
     assert_close(fused, per_op, atol=tol * float(scale), what="logits")
     assert fused_cache.length == per_op_cache.length == 190
@@ -84,13 +89,13 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
         assert_close(
             fused_cache.k[layer][:, :190],
             per_op_cache.k[layer][:, :190],
-            atol=tol * 10,
+            atol=tol,
             what="keys",
         )
         assert_close(
             fused_cache.v[layer][:, :190],
             per_op_cache.v[layer][:, :190],
-            atol=tol * 10,
+            atol=tol,
             what="values",
         )
 

@@ -143,7 +143,6 @@ def test_unknown_model_name(tmp_path):
 def test_remembered_file_digests_follow_every_change_of_the_file(tmp_path, monkeypatch):
     import hashlib
     import os
-    import time
 
     from msa.models import digests
     from msa.models.digests import file_digest
@@ -157,8 +156,9 @@ def test_remembered_file_digests_follow_every_change_of_the_file(tmp_path, monke
     assert len(list(memo.iterdir())) == 1
     assert file_digest(f, memo) == hashlib.sha256(b"a" * 1000).hexdigest()  # from the memo
     before = f.stat()
-    time.sleep(0.05)  # past the file clock's tick
     f.write_bytes(b"b" * 1000)  # same size, mtime set back: the change time still moves
+    while f.stat().st_ctime_ns == before.st_ctime_ns:  # until the file clock has ticked
+        f.write_bytes(b"b" * 1000)
     os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert file_digest(f, memo) == hashlib.sha256(b"b" * 1000).hexdigest()
     next(memo.iterdir()).write_text("{not json")  # a damaged memo is ignored and rewritten

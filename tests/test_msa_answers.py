@@ -1,11 +1,11 @@
-"""With the embedded model, MSA decoding answers where dense attention fails.
+"""With the embedded model, MSA decoding reads a pass key back past the trained context.
 
 A pass key (the `msa eval passkey` document and question) is planted at depth 0.1 of 10,000
-tokens of filler: past the 8,192 tokens the model was trained on. Dense attention, which sees
-the key at its true distance, answers with something else; the default attention (dense for
-the first 1,024 tokens, MSA after, far blocks at bounded distances) reads the key back.
-Measured here: dense "The pass key is a musical instrument ...", auto "The pass key is 48151.".
-About 70 s on 2 cores (dense reading 10K tokens is most of it).
+tokens of filler: past the 8,192 tokens the model was trained on. The default attention (dense
+for the first 1,024 tokens, MSA after, far blocks at bounded distances) answers with the key,
+word for word. (Dense attention, which sees the key at its true distance, answered "The pass
+key is a musical instrument ..." when this was measured; not asserted: a test asserts what the
+code achieves, not a model's failure.)
 """
 
 from __future__ import annotations
@@ -35,11 +35,8 @@ def _answer(loaded, prompt, mode: str) -> str:
     )
 
 
-def test_msa_finds_the_key_past_the_trained_context_where_dense_does_not(embedded):
+def test_msa_reads_the_key_back_past_the_trained_context(embedded):
     tok = embedded.tokenizer
     prompt = build_prompt(tok, passkey_document(tok, 10_000, 0.1, KEY), QUESTION)
     assert len(prompt.ids) > embedded.config.max_position_embeddings
-    dense = _answer(embedded, prompt, "dense")
-    assert str(KEY) not in dense, dense  # the baseline fails ...
-    msa = _answer(embedded, prompt, "auto")
-    assert str(KEY) in msa, msa  # ... and MSA answers
+    assert _answer(embedded, prompt, "auto") == f"The pass key is {KEY}."

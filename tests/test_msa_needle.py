@@ -19,10 +19,14 @@ from msa.prompt import build_prompt
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("depth", [0.3, 0.7])
-def test_the_question_selects_the_needles_block(embedded, depth):
+CASES = [(key, depth) for key in (48151, 27183) for depth in (0.2, 0.5, 0.8)]
+# README: the question's tokens select the key's block in 99.6% of (layer, KV head) pairs.
+# Measured here, with the default settings (top-8 blocks): every pair, in every case.
+RECALL = 0.996
+
+
+def _recall_per_layer(embedded, key: int, depth: float) -> list[float]:
     tok = embedded.tokenizer
-    key = 48151
     prompt = build_prompt(tok, passkey_document(tok, 2000, depth, key), QUESTION)
     digits = tok.encode(f" {key}")
     at = next(p for p in range(len(prompt.ids)) if prompt.ids[p : p + len(digits)] == digits)
@@ -48,6 +52,12 @@ def test_the_question_selects_the_needles_block(embedded, depth):
 
     prefill(embedded.model, cache, prompt.tail, observer=check)
     assert len(hits) == embedded.config.num_hidden_layers
-    recall = sum(hits) / len(hits)
-    # top-8 of ~30 candidate blocks would find it by chance in ~27% of (layer, KV head) pairs
-    assert recall > 0.6, [round(h, 2) for h in hits]
+    return hits
+
+
+def test_the_question_selects_the_needles_block(embedded):
+    """Over two keys at three depths each (each layer's pairs weigh alike)."""
+    per_case = {case: _recall_per_layer(embedded, *case) for case in CASES}
+    recall = sum(sum(hits) for hits in per_case.values()) / sum(map(len, per_case.values()))
+    # top-8 of ~30 candidate blocks would find it by chance in ~27% of pairs
+    assert recall >= RECALL, {case: round(sum(h) / len(h), 3) for case, h in per_case.items()}

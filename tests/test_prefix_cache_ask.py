@@ -78,7 +78,8 @@ def stored_for(loaded, path: Path, text: str, question: str, root: Path):
 
 @pytest.fixture(scope="module")
 def populated(embedded, tmp_path_factory):
-    """A document asked about once: its path, that first ask's JSON, and the prefix cache it left."""
+    """A document asked about once: its path, that first ask's JSON, and the prefix cache it
+    left."""
     folder = tmp_path_factory.mktemp("populated")
     text = logbook(10)
     (folder / "log.txt").write_text(text)
@@ -162,6 +163,37 @@ def test_logits_are_the_same_with_the_cache_and_without_it(embedded, prefilled, 
     assert_close(part, none, atol=1e-4, what="resumed prefill")
     assert int(part.argmax()) == int(none.argmax())
     assert logits(cached=True)[1] == 207  # and the resumed prefill saved the rest
+
+
+@pytest.mark.parametrize("attention", ["msa", "auto"])
+def test_under_msa_a_restored_document_gives_the_same_logits_and_answer(
+    run, embedded, tmp_path, isolated_home, attention
+):
+    """Past sparse_from (1,024 tokens) `auto` reads with MSA too: the question's tokens select
+    among restored blocks, by the block summaries restored with them."""
+    path = tmp_path / "long.txt"
+    path.write_text(logbook(90))
+    text = path.read_text()
+    prompt = build_prompt(embedded.tokenizer, text, QUESTION)
+    settings = AskSettings(
+        prefix_cache=CacheOptions(prefix_root(isolated_home)),
+        attention=AttentionSettings(mode=attention),
+    )
+    assert prompt.context_length > settings.attention.sparse_from
+
+    cold = ask_json(run, path, QUESTION, "--attention", attention)
+    warm = ask_json(run, path, QUESTION, "--attention", attention)
+    assert (cold["cached_tokens"], warm["cached_tokens"]) == (0, prompt.context_length)
+    assert warm["answer"] == cold["answer"]
+
+    def logits(*, cached: bool):
+        cache = embedded.model.new_cache(capacity=len(prompt.ids), settings=settings.attention)
+        stored = open_prefix_cache(embedded, cache, prompt, Document(str(path), text), settings)
+        stored = stored if cached else None
+        assert (stored.restore(cache) if stored else 0) == (prompt.context_length if cached else 0)
+        return prefill_prompt(embedded.model, cache, prompt, stored)
+
+    assert torch.equal(logits(cached=True), logits(cached=False))  # bit for bit
 
 
 def test_an_edit_in_the_middle_recomputes_only_the_blocks_from_it_on(
@@ -364,6 +396,6 @@ def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
     result = run("ask", path, QUESTION, "-n", "2", "--cache-dir", cache_dir)
     assert result.exit_code == 0 and result.stdout.strip()
     assert (
-        result.stderr
-        == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); answering without saving\n"
+        result.stderr == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); "
+        "answering without saving\n"
     )

@@ -105,10 +105,12 @@ def test_cache_commands(run, tmp_path, isolated_home, monkeypatch):
     # prune: a budget that holds it changes nothing; one byte less removes it
     size = index.disk_bytes()
     assert ok(run("cache", "prune", "--max-size", size)) == (
-        f"removed 0 documents, freed 0 B; the cache holds {format_size(size)} (budget {format_size(size)})\n"
+        f"removed 0 documents, freed 0 B; the cache holds {format_size(size)} (budget "
+        f"{format_size(size)})\n"
     )
     assert ok(run("cache", "prune", "--max-size", size - 1)) == (
-        f"removed 1 document, freed {format_size(size)}; the cache holds 0 B (budget {format_size(size - 1)})\n"
+        f"removed 1 document, freed {format_size(size)}; the cache holds 0 B (budget "
+        f"{format_size(size - 1)})\n"
     )
     result = run("cache", "prune", "--max-size", "half")
     assert result.exit_code == 2

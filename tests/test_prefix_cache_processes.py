@@ -6,12 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from processes import LIMIT_S, start_msa, wait_until
 from typer.testing import CliRunner
 
 from msa.app import app
@@ -36,18 +35,8 @@ def logbook(n_entries: int) -> str:
     )
 
 
-def msa(*args) -> subprocess.Popen:
-    """`msa` in a new process (it inherits this test's isolated HOME and XDG directories)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "msa.app", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def finish(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=2 * LIMIT_S)  # a whole answer
     assert proc.returncode == 0, err
     assert err == ""
     return json.loads(out)
@@ -65,7 +54,7 @@ def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(
     prompt = build_prompt(embedded.tokenizer, path.read_text(), QUESTION)
     assert prompt.context_length == 41 + 132
 
-    both = [msa("ask", path, QUESTION, "-n", "4", "--json") for _ in range(2)]
+    both = [start_msa("ask", path, QUESTION, "-n", "4", "--json") for _ in range(2)]
     first, second = (finish(p) for p in both)
     assert first["answer"] == second["answer"]
     assert first["prompt_tokens"] == second["prompt_tokens"] == len(prompt.ids)
@@ -87,7 +76,7 @@ def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(
     assert stored.restore(cache) == 173
 
     # a new process reads what the others wrote: only the question is computed, same answer
-    restarted = finish(msa("ask", path, QUESTION, "-n", "4", "--json"))
+    restarted = finish(start_msa("ask", path, QUESTION, "-n", "4", "--json"))
     assert (restarted["cached_tokens"], restarted["prefill_tokens"]) == (173, len(prompt.tail))
     assert restarted["answer"] == first["answer"]
     # and the logits from their blocks equal those computed here without any cache, bit for bit
@@ -104,12 +93,13 @@ def test_kill_9_during_a_long_prefill_then_the_next_ask_resumes(embedded, tmp_pa
     root = prefix_root(isolated_home)
     index = ChainIndex(BlockStore(root))
 
-    proc = msa("ask", path, QUESTION, "-n", "1", "--json")
-    deadline = time.monotonic() + 600
-    while sum(1 for key, _, _ in index.store.files() if key) < 40:  # 5 chunks of 512 tokens saved
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < deadline, "the prefill saved no blocks in time"
-        time.sleep(0.1)
+    proc = start_msa("ask", path, QUESTION, "-n", "1", "--json")
+    wait_until(
+        lambda: sum(1 for key, _, _ in index.store.files() if key) >= 40,
+        "5 chunks of 512 tokens saved",
+        process=proc,
+        limit_s=2 * LIMIT_S,
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL

@@ -185,7 +185,8 @@ def test_a_failed_write_leaves_no_file(store, monkeypatch):
 def add_chain(
     index: ChainIndex, name: str, keys: list[str], *, last_used: float, seed: int = 0
 ) -> Chain:
-    """A document of len(keys) full blocks of 4 tokens, its blocks written and its manifest saved."""
+    """A document of len(keys) full blocks of 4 tokens, its blocks written and its manifest
+    saved."""
     chain = Chain(
         id=name,
         identity=ROOT,

@@ -78,7 +78,8 @@ def test_any_other_conversation_is_cached_up_to_its_last_user_message(embedded):
     assert got.document == []
     assert text_of(tok, got.ids) == rendered
     assert text_of(tok, got.head) == rendered[: rendered.rindex("Name another.")]
-    # the next request repeats this conversation: its context starts with this one's, token for token
+    # the next request repeats this conversation: its context starts with this one's, token for
+    # token
     follow_up = messages + [
         {"role": "assistant", "content": "Red."},
         {"role": "user", "content": "And another."},

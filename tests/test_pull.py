@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import torch
 from arch_checks import randomize, reference_logits, save_hf_dir
 from conftest import assert_close
 from hub_server import FakeHub, serve_hub
+from processes import LIMIT_S, start_msa, wait_until
 from typer.testing import CliRunner
 
 from msa.app import app
@@ -137,15 +135,8 @@ def test_a_broken_connection_resumes_where_it_stopped(hub, tiny_repo):
 
 def test_an_interrupted_pull_keeps_finished_files_and_the_next_one_fetches_the_rest(hub, tiny_repo):
     hub.stall["model.safetensors"] = 2**20  # send 1 MiB, then hang: the user presses Ctrl-C
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "msa.app", "pull", REPO],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
+    proc = start_msa("pull", REPO)
     try:
-        deadline = time.monotonic() + 60
         small = {n for n in SERVED if n != "model.safetensors"}
         snapshots = (
             Path(os.environ["XDG_CACHE_HOME"])
@@ -154,11 +145,13 @@ def test_an_interrupted_pull_keeps_finished_files_and_the_next_one_fetches_the_r
             / "models--acme--tiny-llama"
             / "snapshots"
         )
-        while not (hub.stalled.is_set() and small <= {p.name for p in snapshots.glob("*/*")}):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
+        wait_until(
+            lambda: hub.stalled.is_set() and small <= {p.name for p in snapshots.glob("*/*")},
+            "the small files pulled and the weights' download hanging",
+            process=proc,
+        )
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=LIMIT_S)
     finally:
         hub.release.set()
         if proc.poll() is None:
@@ -225,7 +218,8 @@ def test_pull_errors_exit_4(hub, monkeypatch, name, env, message):
 
 
 def test_a_registry_name_pulls_lists_loads_and_is_removed(tiny_repo, monkeypatch):
-    hub_id = "HuggingFaceTB/SmolLM2-360M-Instruct"  # smollm2-360m's repository, served with the tiny model
+    # smollm2-360m's repository, served with the tiny model
+    hub_id = "HuggingFaceTB/SmolLM2-360M-Instruct"
     fake = FakeHub()
     fake.add(hub_id, tiny_repo[2])
     with serve_hub(fake) as url:
@@ -265,8 +259,8 @@ def test_a_registry_name_pulls_lists_loads_and_is_removed(tiny_repo, monkeypatch
     again = invoke("models", "rm", "smollm2-360m")
     assert again.exit_code == 4
     assert (
-        again.stderr
-        == "msa: error: model smollm2-360m is not installed: nothing pulled or converted to remove\n"
+        again.stderr == "msa: error: model smollm2-360m is not installed: "
+        "nothing pulled or converted to remove\n"
     )
 
 

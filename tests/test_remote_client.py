@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import LIMIT_S
 from serving import serving
 from typer.testing import CliRunner
 
@@ -150,9 +151,10 @@ def test_a_client_does_not_load_pytorch():
     code = (
         "import sys, msa.app\n"
         "sys.argv = ['msa', 'ask', sys.argv[1], 'q', '--server', 'http://127.0.0.1:9']\n"
-        "try:\n    msa.app.main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
+        "try:\n    msa.app.main()\n"
+        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, str(EXAMPLE)], capture_output=True, text=True, timeout=LIMIT_S
     )
     assert done.stdout.split() == ["6", "False"], done.stdout + done.stderr

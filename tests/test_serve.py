@@ -9,14 +9,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx2
 import pytest
+from processes import LIMIT_S, start_msa, wait_until
 from serving import serving
 from typer.testing import CliRunner
 
@@ -68,7 +66,7 @@ def test_a_streamed_answer_is_msa_asks_and_reads_the_document_from_its_prefix_ca
             "stream_options": {"include_usage": True},
         }
         with httpx2.stream(
-            "POST", f"{url}/v1/chat/completions", json=body, timeout=120
+            "POST", f"{url}/v1/chat/completions", json=body, timeout=LIMIT_S
         ) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -97,7 +95,7 @@ def test_the_openai_client_streams_and_gets_whole_answers(embedded):
     question = "Who designed the lighthouse?"
     reference = local_answer(EXAMPLE, question, "-n", "8", "--no-cache")
     with serving(embedded, api_key="k3y") as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k3y", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k3y", max_retries=0, timeout=LIMIT_S)
         assert [m.id for m in client.models.list()] == ["smollm2-135m"]
         stream = client.chat.completions.create(
             model="smollm2-135m",
@@ -175,7 +173,7 @@ def test_requests_over_the_limits_or_malformed_get_a_clear_400(embedded):
     ]
     with serving(embedded, max_request_bytes=2000, max_tokens=64) as url:
         for body, status, code in cases:
-            response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=LIMIT_S)
             assert response.status_code == status, (body, response.text)
             error = response.json()["error"]
             assert (
@@ -183,7 +181,7 @@ def test_requests_over_the_limits_or_malformed_get_a_clear_400(embedded):
                 and error["type"] == "invalid_request_error"
                 and error["code"] == code
             ), error
-        not_json = httpx2.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=60)
+        not_json = httpx2.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=LIMIT_S)
         assert (
             not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
         )
@@ -197,7 +195,7 @@ def test_a_prompt_longer_than_dense_attention_reads_is_a_400(embedded):
         "max_tokens": 4,
     }
     with serving(embedded, attention=AttentionSettings(mode="dense")) as url:
-        response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        response = httpx2.post(f"{url}/v1/chat/completions", json=body, timeout=LIMIT_S)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and "8,192" in error["message"], error
@@ -210,10 +208,10 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
     with serving(embedded, queue_size=1, max_tokens=200) as url:
 
         def health() -> dict:
-            return httpx2.get(f"{url}/health").json()
+            return httpx2.get(f"{url}/health", timeout=LIMIT_S).json()
 
         with httpx2.stream(
-            "POST", f"{url}/v1/chat/completions", json=ask(200, stream=True), timeout=120
+            "POST", f"{url}/v1/chat/completions", json=ask(200, stream=True), timeout=LIMIT_S
         ) as first:
             lines = first.iter_lines()
             while '"content": ""' not in next(lines):  # the first chunk: the engine is answering it
@@ -222,18 +220,18 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
             waiting: dict = {}
             second = threading.Thread(
                 target=lambda: waiting.update(
-                    response=httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=300)
+                    response=httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=LIMIT_S)
                 )
             )
             second.start()
-            deadline = time.monotonic() + 60
-            while health()["queue_depth"] != 1:
-                assert time.monotonic() < deadline, "the second request never queued"
-                time.sleep(0.05)
-            third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=60)
+            wait_until(
+                lambda: health()["queue_depth"] == 1, "the second request queued", thread=second
+            )
+            third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=LIMIT_S)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
-            # leaving the `with` closes the stream mid-answer: the engine stops it and takes the next
-        second.join(timeout=120)
+            # leaving the `with` closes the stream mid-answer: the engine stops it and takes
+            # the next
+        second.join(timeout=LIMIT_S)
         assert waiting["response"].status_code == 200
         assert waiting["response"].json()["usage"]["completion_tokens"] <= 2
         assert health() == {
@@ -261,9 +259,9 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
             engine.submit(job)
             (started, answer), (first, _) = await job.events.get(), await job.events.get()
             job.cancelled = True  # what a client going away does
-            while engine.busy:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # let the thread's last events land
+            # stop() returns once the engine's thread has ended; its events were handed to this
+            # loop before that (call_soon_threadsafe, first in first out), so they are all here
+            await asyncio.to_thread(engine.stop)
             rest = []
             while not job.events.empty():
                 rest.append(job.events.get_nowait()[0])
@@ -280,17 +278,12 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
 def test_msa_serve_listens_checks_the_key_from_the_environment_and_stops_on_ctrl_c(embedded):
     # `embedded` has converted the model into the cache this process and the server share
     env = {**os.environ, "MSA_API_KEY": "from-env"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "msa.app", "serve", "--port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    server = start_msa("serve", "--port", "0", "--threads", "1", env=env)
     try:
         line = server.stderr.readline()  # written once the model is loaded and the port bound
         match = re.fullmatch(
-            r"msa serve: smollm2-135m \(int4 weights\) at (http://127\.0\.0\.1:\d+)/v1 \(Ctrl-C stops\)\n",
+            r"msa serve: smollm2-135m \(int4 weights\) at (http://127\.0\.0\.1:\d+)/v1 "
+            r"\(Ctrl-C stops\)\n",
             line,
         )
         assert match, line + server.stderr.read() if server.poll() is not None else line
@@ -303,7 +296,7 @@ def test_msa_serve_listens_checks_the_key_from_the_environment_and_stops_on_ctrl
             is True
         )
         server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
+        assert server.wait(timeout=LIMIT_S) == 0
         assert server.stdout.read() == ""
     finally:
         if server.poll() is None:

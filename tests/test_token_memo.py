@@ -1,4 +1,5 @@
-"""The prefix cache's memory of documents' token ids: same prompt as tokenizing, never trusted when damaged."""
+"""The prefix cache's memory of documents' token ids: same prompt as tokenizing, never trusted
+when damaged."""
 
 from __future__ import annotations
 
