@@ -11,7 +11,7 @@ import torch
 from msa.kernels import decoder_step as ds
 from msa.kernels.decoder_step_reference import decoder_step_reference
 from msa.kernels.testing import assert_close
-from msa.models.quantize import quantize_int4, quantize_int8, unpack_int4
+from msa.models.int_formats import quantize_int4, quantize_int8, unpack_int4
 
 HIDDEN, INTER, HEAD_DIM, N_LAYERS, CAP = 64, 96, 16, 3, 160
 TOL = dict(atol=2e-5, rtol=2e-5)
