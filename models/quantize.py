@@ -29,7 +29,6 @@ from .int_formats import (
     unpack_int4,
 )
 
-
 MODES = ("int8", "int4")
 PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a compute-bound matmul)
 # PyTorch's CPU int8 and int4 weight-only kernels are vectorized for bf16 activations; with fp32
