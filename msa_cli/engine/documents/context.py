@@ -33,7 +33,7 @@ from pathlib import Path
 from msa.models.errors import InputError
 
 from .converters import convert, format_of
-from .documents import read_document
+from .document import read_document
 
 MAX_FILE_BYTES = 4_000_000  # about a million tokens: larger files are skipped from directories
 _SNIFF = 8192

@@ -1,32 +1,9 @@
-"""`msa bench`: speed of the engine at chosen context lengths."""
+"""Speed of the engine at chosen context lengths (`msa bench`)."""
 
 from __future__ import annotations
 
 import resource
 import time
-
-import typer
-
-_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
-
-
-def parse_lengths(spec: str) -> list[int]:
-    """'512,2k,1m' -> [512, 2048, 1048576]."""
-    lengths = []
-    for part in spec.split(","):
-        part = part.strip().lower()
-        scale = _SUFFIXES.get(part[-1:], 1)
-        number = part[:-1] if scale > 1 else part
-        try:
-            value = int(float(number) * scale)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
-            ) from None
-        if value < 1:
-            raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
-        lengths.append(value)
-    return lengths
 
 
 def peak_rss_mb() -> float:
@@ -55,8 +32,7 @@ def run_e2e(
     memory live in files under `spill_dir`, as in `msa ask`."""
     import torch
 
-    from .generate import prefill
-    from .runtime import kv_storage_dir
+    from .generate import new_cache, prefill, step
 
     model = loaded.model
     generator = torch.Generator().manual_seed(0)
@@ -64,18 +40,15 @@ def run_e2e(
     for length in lengths:
         ids = torch.randint(256, loaded.config.vocab_size, (length,), generator=generator).tolist()
         capacity = length + decode_tokens
-        cache = model.new_cache(
-            capacity=capacity,
-            settings=settings,
-            storage_dir=kv_storage_dir(loaded.config, capacity, spill_dir),
+        cache = new_cache(
+            model, loaded.config, capacity=capacity, attention=settings, spill_dir=spill_dir
         )
         start = time.perf_counter()
         logits = prefill(model, cache, ids)
         prefill_s = time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(decode_tokens):
-            token = torch.argmax(logits).view(1)
-            logits = model(token, cache)
+            logits = step(model, cache, int(torch.argmax(logits)))
         decode_s = time.perf_counter() - start
         rows.append(
             {
@@ -89,18 +62,6 @@ def run_e2e(
         )
         del cache
     return rows
-
-
-def print_table(rows: list[dict], *, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in rows[0] if rows else []:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
-    Console().print(table)
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -136,8 +97,6 @@ def run_attention(
 
     import msa.kernels as K
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise typer.BadParameter("no CUDA device here", param_hint="--device")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     generator = torch.Generator(device="cpu").manual_seed(0)
     rows = []

@@ -1,4 +1,4 @@
-"""`msa eval passkey`: find a 5-digit key hidden at a chosen depth of filler text.
+"""Pass-key retrieval (`msa eval passkey`): find a 5-digit key hidden at a chosen depth of filler text.
 
 The classic long-context retrieval check (Landmark attention, LongLoRA): a key sentence is
 planted at a depth of repetitive filler and the model is asked for the key. The question asks
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 
-from .generate import Generation, prefill
+from .generate import Generation, new_cache, prefill
 from .prompt import build_prompt
 from .sampling import Sampler
 
@@ -56,16 +56,26 @@ def run_passkey(
             for i, depth in enumerate(depths(n_depths)):
                 key = random.Random(length * 1000 + i).randint(10000, 99999)
                 prompt = build_prompt(tok, passkey_document(tok, length, depth, key), QUESTION)
-                cache = loaded.model.new_cache(
-                    capacity=len(prompt.ids) + ANSWER_TOKENS, settings=settings
+                cache = new_cache(
+                    loaded.model,
+                    loaded.config,
+                    capacity=len(prompt.ids) + ANSWER_TOKENS,
+                    attention=settings,
                 )
                 prefill(loaded.model, cache, prompt.ids[: prompt.context_length])
-                cache.question_from = prompt.context_length
-                logits = prefill(loaded.model, cache, prompt.tail)
+                logits = prefill(
+                    loaded.model, cache, prompt.tail, question_from=prompt.context_length
+                )
                 answer = tok.decode(
                     list(
                         Generation(
-                            loaded.model, cache, logits, Sampler(0.0), ANSWER_TOKENS, tok.eos_ids
+                            loaded.model,
+                            cache,
+                            logits,
+                            Sampler(0.0),
+                            ANSWER_TOKENS,
+                            tok.eos_ids,
+                            question_from=prompt.context_length,
                         )
                     )
                 )

@@ -1,9 +1,8 @@
-"""Loading a model for a command: threads, converted copies in the cache directory."""
+"""Loading a model: threads, converted copies in the cache directory, the fused decode step."""
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -15,13 +14,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def process_start_time() -> float:
-    """When this process started (time.time()'s clock): time to first token counts from there."""
-    import psutil
-
-    return psutil.Process().create_time()
 
 
 def set_threads(threads: int | None) -> int:
@@ -38,24 +30,18 @@ def set_threads(threads: int | None) -> int:
 _loaded: dict = {}
 
 
-def stderr_note(message: str) -> None:
-    """A line on stderr for the user ("msa: ..."), kept off stdout so that pipes stay clean."""
-    print(f"msa: {message}", file=sys.stderr, flush=True)
-
-
 def load(
     model: str,
     *,
     cache: str | None = None,
     quant: str | None = None,
     dtype: str = "fp32",
-    note=stderr_note,
+    note=None,
 ):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa.models import load_model
-    from msa.models.fused_decode import prepare
-
+    from .generate import prepare_decode
     from .paths import quantized_models_dir
 
     start = time.perf_counter()
@@ -71,7 +57,7 @@ def load(
         )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says
-        loaded.per_op_reason = prepare(
+        loaded.per_op_reason = prepare_decode(
             loaded.model,
             on_build=note
             and (
@@ -91,14 +77,3 @@ def _writable_or_none(path: Path) -> Path | None:
     except OSError:
         return None
     return path if os.access(path, os.W_OK) else None
-
-
-def kv_storage_dir(config, n_tokens: int, spill_dir: Path | None) -> Path | None:
-    """Where a cache of `n_tokens` keeps K/V: None (memory) while they take at most half of the
-    available memory, else files under `spill_dir`, which the OS pages in block by block."""
-    import psutil
-
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
-        return None
-    return spill_dir

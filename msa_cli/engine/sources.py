@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .context import Context
+from .documents import Context
 from .prompt import Prompt
 
 EXCERPT_CHARS = 100
