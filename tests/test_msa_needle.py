@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from msa.evals import QUESTION, passkey_document
-from msa.generate import prefill
+from msa.engine.generate import prefill
+from msa.engine.passkey import QUESTION, passkey_document
+from msa.engine.prompt import build_prompt
 from msa.models.attention_settings import AttentionSettings
 from msa.models.msa import _select
-from msa.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
 

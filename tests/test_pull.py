@@ -19,7 +19,7 @@ from hub_server import FakeHub, serve_hub
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.prefix_cache import format_size
+from msa.engine.prefix_cache import format_size
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,10 +21,10 @@ from serving import serving
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.ask import AskSettings
+from msa.engine import Settings
+from msa.engine.prompt import build_prompt, user_message
 from msa.models.attention_settings import AttentionSettings
-from msa.prompt import build_prompt, user_message
-from msa.server.engine import Engine, Job
+from msa.server.worker import Job, Worker
 
 pytestmark = pytest.mark.slow
 
@@ -247,7 +247,7 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
 
 def test_a_cancelled_answer_stops_between_two_tokens(embedded):
     async def answer_then_cancel():
-        engine = Engine(embedded, AskSettings(show_progress=False, show_notes=False), queue_size=1)
+        engine = Worker(embedded, Settings(), queue_size=1)
         engine.start()
         try:
             job = Job(
@@ -267,7 +267,7 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
             rest = []
             while not job.events.empty():
                 rest.append(job.events.get_nowait()[0])
-            return started, first, rest, answer.timings.generated_tokens
+            return started, first, rest, answer.generated_tokens
         finally:
             await asyncio.to_thread(engine.stop)
 

@@ -24,8 +24,8 @@ CacheDirOption = typer.Option(
 
 
 def _index(cache_dir: str | None):
-    from .paths import cache_dir as resolve_cache_dir
-    from .prefix_cache import BlockStore, ChainIndex, prefix_dir
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.prefix_cache import BlockStore, ChainIndex, prefix_dir
 
     return ChainIndex(BlockStore(prefix_dir(resolve_cache_dir(cache_dir))))
 
@@ -43,7 +43,7 @@ def ls(
     cache_dir: str | None = CacheDirOption,
 ):
     """One line per cached document: id, source, tokens, size, last used (most recent first)."""
-    from .prefix_cache import format_size
+    from ..engine.prefix_cache import format_size
 
     index = _index(cache_dir)
     rows = []
@@ -82,7 +82,7 @@ def ls(
 @reports_errors
 def info(cache_dir: str | None = CacheDirOption):
     """Where the prefix cache is, its budget and what it holds."""
-    from .prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
+    from ..engine.prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
 
     index = _index(cache_dir)
     chains = index.all()
@@ -107,7 +107,7 @@ def rm(
     cache_dir: str | None = CacheDirOption,
 ):
     """Remove one document; blocks it shares with other documents stay."""
-    from .prefix_cache import format_size
+    from ..engine.prefix_cache import format_size
 
     index = _index(cache_dir)
     with index.store.lock():
@@ -127,7 +127,7 @@ def prune(
     cache_dir: str | None = CacheDirOption,
 ):
     """Remove the least recently used documents until the cache fits SIZE."""
-    from .prefix_cache import budget_from_env, format_size, parse_size
+    from ..engine.prefix_cache import budget_from_env, format_size, parse_size
 
     budget = parse_size(max_size, what="--max-size") if max_size is not None else budget_from_env()
     index = _index(cache_dir)
@@ -148,7 +148,7 @@ def clear(cache_dir: str | None = CacheDirOption):
     """Remove every cached document (converted models stay)."""
     import shutil
 
-    from .prefix_cache import format_size
+    from ..engine.prefix_cache import format_size
 
     index = _index(cache_dir)
     with index.store.lock():

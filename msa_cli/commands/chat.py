@@ -3,178 +3,196 @@
 The documents are read into one KV cache when the chat starts (through the prefix cache, as
 `msa ask` reads them, so an ask and a chat about the same file share it). Each turn appends
 its question and answer to that cache, so turn N computes only its own tokens. `/reset`
-truncates the cache back to the documents. The REPL and the /commands are in `conversation`.
+truncates the cache back to the documents. The REPL and the /commands are in `repl`.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 
-from msa.models.errors import InputTooLongError
+import typer
 
-from .ask import (
-    AskSettings,
-    answer_figures,
-    open_prefix_cache,
-    read_speed_key,
-    reading_summary,
-    token_memo,
+from .errors import reports_errors
+from .options import (
+    ApiKeyOption,
+    AttentionOption,
+    BlockSizeOption,
+    CacheDirOption,
+    CacheRoOption,
+    DtypeOption,
+    HiddenOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    MaxTokensOption,
+    ModelOption,
+    NoCacheOption,
+    QuantOption,
+    QuietOption,
+    SeedOption,
+    ServerOption,
+    SystemOption,
+    TemperatureOption,
+    ThreadsOption,
+    TimeoutOption,
+    TopkOption,
+    TopPOption,
+    VerboseOption,
+    attention_settings,
+    check_precision,
+    check_top_p,
+    check_verbosity,
 )
-from .context import Context
-from .conversation import Conversation, Turn
-from .generate import Generation, Timings, prefill
-from .output import reading_progress
-from .prompt import build_prompt, next_turn
-from .read_speed import known_speed, record_speed
-from .runtime import kv_storage_dir
-from .sampling import Sampler
-from .sources import SourceTracker
+from .repl import Conversation, Turn
 
 
-class ChatSession(Conversation):
-    def __init__(self, loaded, context: Context, settings: AskSettings):
-        super().__init__(context)
-        self.loaded, self.settings = loaded, settings
-        tok = loaded.tokenizer
-        self.prompt = build_prompt(
-            tok,
-            context.text,
-            "",
-            system=settings.system,  # head + documents
-            token_memo=token_memo(loaded, settings),
+@reports_errors
+def chat(
+    context: list[str] = typer.Option(
+        ...,
+        "--context",
+        "-c",
+        help="A text file or directory to talk about (repeatable; - reads stdin).",
+    ),
+    model: str = ModelOption,
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_p: float = TopPOption,
+    seed: int | None = SeedOption,
+    system: str | None = SystemOption,
+    threads: int | None = ThreadsOption,
+    quiet: bool = QuietOption,
+    verbose: bool = VerboseOption,
+    cache_dir: str | None = CacheDirOption,
+    no_cache: bool = NoCacheOption,
+    cache_ro: bool = CacheRoOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: int | None = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    kv_dtype: str = KvDtypeOption,
+    hidden: bool = HiddenOption,
+    server: str | None = ServerOption,
+    api_key: str | None = ApiKeyOption,
+    timeout: float = TimeoutOption,
+    quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
+):
+    """Talk about documents: read them once, then answer question after question.
+
+    On a terminal: a prompt with history; /help lists the commands (/reset, /context, /sources,
+    /stats, /save FILE, /exit); Ctrl-C stops an answer, Ctrl-D leaves. With stdin not a terminal,
+    one question per line, each answer on stdout.
+
+    The documents' K/V go to the prefix cache (budget: MSA_CACHE_MAX, default 10G), shared with
+    msa ask.
+    """
+    from ..engine.documents import read_context
+    from ..engine.paths import data_dir
+    from .output import quiet_or_note
+    from .repl import run_repl, run_scripted
+
+    check_verbosity(quiet, verbose)
+    check_top_p(top_p)
+    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    check_precision(quant, dtype)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if "-" in context and not interactive:
+        raise typer.BadParameter(
+            "stdin carries the questions; - cannot be a --context here", param_hint="--context"
         )
-        self.context_length = self.prompt.context_length
-        self.limit = (
-            loaded.config.max_position_embeddings if settings.attention.mode == "dense" else None
+    documents = read_context(context, hidden=hidden, warn=quiet_or_note(quiet))
+    if server:  # before the local engine's imports: a client does not load PyTorch
+        from .remote_session import RemoteChatSession, Sampling, connect
+
+        remote, served_model = connect(server, api_key, timeout, model)
+        session = RemoteChatSession(
+            remote, served_model, documents, Sampling(max_tokens, temperature, top_p, seed, system)
         )
-        if self.limit is not None and self.context_length >= self.limit:
-            raise InputTooLongError(
-                f"{context.name}: the documents are {self.context_length:,} tokens, but "
-                f"{loaded.name} reads at most {self.limit:,} with dense attention"
-            )
-        capacity = self.context_length + settings.max_tokens + 256
-        self.cache = loaded.model.new_cache(
-            capacity=capacity,
-            settings=settings.attention,
-            storage_dir=kv_storage_dir(loaded.config, capacity, settings.kv_spill_dir),
+    else:
+        from .local import local_model
+
+        loaded = local_model(
+            model, cache_dir, threads, quant, dtype, verbose, attention_, quiet=quiet
         )
-        self.tracker = SourceTracker(
-            self.cache, doc_start=len(self.prompt.head), doc_end=self.context_length
+        engine_session = loaded.session(
+            documents,
+            attention=attention_,
+            prefix_cache=not no_cache,
+            cache_read_only=cache_ro,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            system=system,
+            sources=True,
+            note=quiet_or_note(quiet),
         )
-        self.cache.observe_queries = self.tracker
-        self.sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
-        self.seq: list[int] = []  # the conversation's tokens; the cache holds seq[:cache.length]
-        self.cached_tokens = 0
-        self.read_s = 0.0
+        session = LocalChat(engine_session, progress=not quiet, summary=not quiet, verbose=verbose)
+        session.read_documents()
+    if interactive:
+        run_repl(session, data_dir() / "chat_history")
+    else:
+        run_scripted(session, sys.stdin)
+
+
+class LocalChat(Conversation):
+    """A chat the local engine answers: the REPL's side of an engine `Session`."""
+
+    def __init__(self, session, *, progress: bool = False, summary: bool = False, verbose=False):
+        super().__init__(session.documents)
+        self.session = session
+        self.progress, self.summary, self.verbose = progress, summary, verbose
 
     def read_documents(self) -> None:
         """Restore what the prefix cache holds of the documents and prefill the rest."""
-        ids = self.prompt.head + self.prompt.document
-        stored = open_prefix_cache(
-            self.loaded, self.cache, self.prompt, self.context, self.settings
-        )
-        self.cached_tokens = stored.restore(self.cache) if stored else 0
-        speed = read_speed_key(self.loaded, self.settings)
-        if self.settings.summary:
-            summary = reading_summary(
-                self.context,
-                self.prompt,
-                cached_tokens=self.cached_tokens,
-                tok_s=known_speed(self.settings.speed_dir, speed),
-            )
-            print(f"msa: {summary}", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        with reading_progress(
-            len(ids) - self.cache.length, enabled=self.settings.show_progress
-        ) as advance:
+        from .output import drawn, note, reading_summary
 
-            def chunk_done(n: int) -> None:
-                advance(n)
-                if stored:
-                    stored.save(self.cache)
+        def on_reading(reading) -> None:
+            if self.summary:
+                note(reading_summary(reading))
 
-            if self.cache.length < len(ids):
-                prefill(
-                    self.loaded.model, self.cache, ids[self.cache.length :], progress=chunk_done
-                )
-        self.cache.question_from = len(ids)  # every turn is a question about the documents
-        self.read_s = time.perf_counter() - start
-        record_speed(self.settings.speed_dir, speed, len(ids) - self.cached_tokens, self.read_s)
-        self.seq = list(ids)
+        for _ in drawn(self.session.read(), progress=self.progress, on_reading=on_reading):
+            pass
 
     def reset(self) -> None:
-        self.cache.truncate(self.context_length)
-        del self.seq[self.context_length :]
+        self.session.reset()
         self.turns.clear()
 
     def ask(self, question: str) -> Iterator[str]:
-        """Stream the answer to `question`; the turn is recorded when the iterator ends or is cut short."""
-        tok = self.loaded.tokenizer
-        if self.turns:
-            tail, question_at = next_turn(tok, question, system=self.settings.system)
-        else:
-            first = build_prompt(tok, "", question, system=self.settings.system)
-            tail, question_at = first.tail, first.question_at
-        if self.limit is not None and len(self.seq) + len(tail) >= self.limit:
-            raise InputTooLongError(
-                f"the conversation would be {len(self.seq) + len(tail):,} tokens, more than "
-                f"{self.limit:,} with dense attention: /reset to start again"
-            )
-        new = self.seq[self.cache.length :] + tail
-        self.tracker.restart(
-            self.cache.length, len(self.seq) + question_at, len(self.seq) + len(tail) - 1
-        )
-        self.seq += tail
-        timings = Timings(prefill_tokens=len(new))
-        turn = Turn(question, "", [], timings, stopped=True)
-        answer_ids: list[int] = []
+        """Stream the answer; the turn is recorded when the iterator ends or is cut short."""
+        before = self.session.usage
+        turn = Turn(question, "", [], None, stopped=True)
+        events = self.session.ask(question)
         try:
-            start = time.perf_counter()
-            logits = prefill(self.loaded.model, self.cache, new)
-            timings.prefill_s = time.perf_counter() - start
-            generation = Generation(
-                self.loaded.model,
-                self.cache,
-                logits,
-                self.sampler,
-                self.settings.max_tokens,
-                stop_ids=tok.eos_ids,
-                context_limit=self.limit,
-                timings=timings,
-            )
-            decoder = tok.stream()
-            for token in generation:
-                answer_ids.append(token)
-                text = decoder.push(token)
-                if text:
-                    turn.answer += text
-                    yield text
-            turn.stopped = False
+            for event in events:
+                if event.kind == "text":
+                    turn.answer += event.text
+                    yield event.text
+                elif event.kind == "done":
+                    turn.stopped = False
         finally:
-            self.seq += answer_ids
-            # a step cut short (Ctrl-C) may have summarized a block it never finished: forget that
-            self.cache.truncate(self.cache.length)
-            turn.sources = self.tracker.sources(self.prompt, self.context)
-            self.turns.append(turn)
+            events.close()
+            if self.session.usage is not before:  # the turn began (was not refused)
+                turn.timings = self.session.usage
+                turn.sources = self.session.sources()
+                self.turns.append(turn)
 
     def after_answer(self) -> None:
         """--verbose: the last answer's figures on stderr."""
-        if self.settings.verbose and self.turns:
-            figures = answer_figures(self.turns[-1].timings)
-            print(
-                f"msa: {figures}; the conversation is {len(self.seq):,} tokens",
-                file=sys.stderr,
-                flush=True,
-            )
+        if self.verbose and self.turns:
+            from .output import answer_figures, note
+
+            figures = answer_figures(self.turns[-1].timings, prompt=False)
+            note(f"{figures}; the conversation is {len(self.session.seq):,} tokens")
 
     def stats(self) -> str:
+        s = self.session
         lines = [
-            f"documents: {len(self.context.files):,} files, {len(self.prompt.document):,} tokens "
-            f"({self.cached_tokens:,} from the prefix cache)",
-            f"conversation: {len(self.turns)} turns, {len(self.seq) - self.context_length:,} tokens; "
-            f"KV cache: {self.cache.length:,} tokens",
+            f"documents: {len(self.context.files):,} files, {len(s.prompt.document):,} tokens "
+            f"({s.cached_tokens:,} from the prefix cache)",
+            f"conversation: {len(self.turns)} turns, {len(s.seq) - s.context_length:,} tokens; "
+            f"KV cache: {s.cache.length:,} tokens",
         ]
         if self.turns:
             t = self.turns[-1].timings

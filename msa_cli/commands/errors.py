@@ -7,10 +7,13 @@ timed out), 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 
+import click
 import typer
+import typer.core
 import typer.exceptions
 
 from msa.models.errors import MsaError
@@ -24,6 +27,46 @@ EXIT_CODES_HELP = (
 def _say(message: str) -> None:
     sys.stdout.flush()
     print(f"msa: error: {message}", file=sys.stderr, flush=True)
+
+
+class UsageLine(click.ClickException):
+    """A usage error, shown as one line: `msa: error: '--topk': 0 is not ... (msa ask --help)`."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        _say(self.message)
+
+
+def usage_line(error: click.UsageError) -> UsageLine:
+    message = " ".join(error.format_message().split())
+    if isinstance(error, click.BadParameter):
+        message = message.removeprefix("Invalid value for ")
+    command = error.ctx.command_path if error.ctx is not None else "msa"
+    return UsageLine(f"{message} ({command} --help)")
+
+
+@contextlib.contextmanager
+def _usage_in_one_line():
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:  # prints the help: not an error line
+        raise
+    except click.UsageError as e:
+        raise usage_line(e) from None
+
+
+class OneLineUsageGroup(typer.core.TyperGroup):
+    """The root command: usage errors, its own or any subcommand's, end in one line on stderr
+    and exit 2, where Click prints the usage, a hint and the error on four."""
+
+    def make_context(self, *args, **kwargs):
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _usage_in_one_line():
+            return super().invoke(ctx)
 
 
 def reports_errors(fn):

@@ -55,7 +55,7 @@ def quantized_rows() -> list[dict]:
 
     from msa.models.registry import quantized_copies
 
-    from .paths import quantized_models_dir
+    from ..engine.paths import quantized_models_dir
 
     rows = []
     for name, folder in quantized_copies(quantized_models_dir()).items():
@@ -78,7 +78,7 @@ def quantized_rows() -> list[dict]:
 
 
 def print_models(rows: list[dict]) -> None:
-    from .prefix_cache import format_size
+    from ..engine.prefix_cache import format_size
 
     table = [("NAME", "INSTALLED", "SIZE", "CONTEXT", "SOURCE")]
     for r in rows:

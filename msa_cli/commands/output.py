@@ -6,6 +6,7 @@ import contextlib
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -19,6 +20,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.text import Text
+
+from ..engine.read_speed import duration
+
+if TYPE_CHECKING:
+    from ..engine import Usage
+    from ..engine.events import Reading
 
 
 class _TokensPerSecond(ProgressColumn):
@@ -98,6 +105,67 @@ def download_progress(folder: Path, total_bytes: int, *, enabled: bool, label: s
             watcher.join()
 
 
+def note(message: str) -> None:
+    """A line on stderr for the user ("msa: ..."), kept off stdout so that pipes stay clean."""
+    print(f"msa: {message}", file=sys.stderr, flush=True)
+
+
+def quiet_or_note(quiet: bool):
+    """`note`, or nothing with --quiet."""
+    return (lambda message: None) if quiet else note
+
+
+def drawn(events, *, progress: bool, on_reading=None):
+    """The engine's `events` less `Reading` (handed to `on_reading`) and `Progress`, drawn as a
+    bar on stderr while the documents are read (`progress`, and on a terminal only)."""
+    bar = contextlib.ExitStack()
+    advance = None
+    try:
+        for event in events:
+            if event.kind == "reading":
+                if on_reading is not None:
+                    on_reading(event)
+                total = event.prefill_tokens
+                advance = bar.enter_context(reading_progress(total, enabled=progress))
+            elif event.kind == "progress":
+                advance(event.tokens)
+            else:
+                bar.close()
+                yield event
+    finally:
+        bar.close()
+        events.close()
+
+
 def write_stdout(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def reading_summary(reading: Reading) -> str:
+    """`reading 12 files, 3,456 tokens (2 skipped), 1,024 from the prefix cache; about 6 s at
+    410 tok/s`."""
+    files, skipped, tokens = reading.files, reading.skipped, reading.document_tokens
+    line = f"reading {files:,} file{'s' if files != 1 else ''}, {tokens:,} tokens"
+    line += f" ({skipped:,} skipped)" if skipped else ""
+    from_cache = min(max(reading.cached_tokens - reading.head_tokens, 0), tokens)
+    line += f", {from_cache:,} from the prefix cache" if from_cache else ""
+    to_read = reading.head_tokens + tokens - reading.cached_tokens
+    if reading.tok_s and to_read > 0:
+        line += f"; about {duration(to_read / reading.tok_s)} at {reading.tok_s:,.0f} tok/s"
+    return line
+
+
+def answer_figures(usage: Usage, *, prompt: bool = True) -> str:
+    """What --verbose prints after an answer (`prompt`: with the prompt's token counts)."""
+    head = (
+        f"{usage.prompt_tokens:,} prompt tokens ({usage.cached_tokens:,} from the prefix cache), "
+        if prompt
+        else ""
+    )
+    return (
+        f"{head}{usage.prefill_tokens:,} read in {usage.prefill_s:.2f} s "
+        f"({usage.prefill_tok_s:,.1f} tok/s); "
+        f"{usage.generated_tokens:,} written at {usage.decode_tok_s:,.1f} tok/s; "
+        f"finish: {usage.finish_reason or 'interrupted'}"
+    )

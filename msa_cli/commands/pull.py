@@ -222,6 +222,6 @@ class _quiet_hub:
 
 
 def _size(n: int) -> str:
-    from .prefix_cache import format_size
+    from ..engine.prefix_cache import format_size
 
     return format_size(n)

@@ -7,11 +7,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .context import Context
-from .conversation import Conversation, Turn
+from ..engine.documents import Context
+from ..engine.prompt import user_message
+from .options import DEFAULT_MODEL
 from .output import write_stdout
-from .prompt import user_message
 from .remote import RemoteAnswer, Server
+from .repl import Conversation, Turn
 
 LOCAL_ONLY_SOURCES = "sources need the local engine (msa chat without --server)"
 
@@ -33,6 +34,13 @@ class Sampling:
             "top_p": self.top_p,
             "seed": self.seed,
         }
+
+
+def connect(server: str, api_key: str | None, timeout: float, model: str):
+    """The --server, and the model to ask it for: --model when it serves it, else (when
+    --model was left at its default) its only one."""
+    remote = Server(server, api_key=api_key, timeout=timeout)
+    return remote, remote.model(model, chosen=model != DEFAULT_MODEL)
 
 
 def ask_remote(
@@ -99,7 +107,8 @@ class RemoteChatSession(Conversation):
 
     def stats(self) -> str:
         lines = [
-            f"documents: {len(self.context.files):,} files, answered by {self.model} at {self.server.url}",
+            f"documents: {len(self.context.files):,} files, "
+            f"answered by {self.model} at {self.server.url}",
             f"conversation: {len(self.turns)} turns",
         ]
         a = self.last
@@ -110,7 +119,8 @@ class RemoteChatSession(Conversation):
                 else f" ({a.cached_tokens:,} from the server's prefix cache)"
             )
             lines.append(
-                f"last answer: {a.prompt_tokens:,} prompt tokens{cached}, {a.generated_tokens or 0:,} written"
+                f"last answer: {a.prompt_tokens:,} prompt tokens{cached}, "
+                f"{a.generated_tokens or 0:,} written"
             )
         return "\n".join(lines)
 

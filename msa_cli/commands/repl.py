@@ -1,5 +1,5 @@
-"""A chat as its user sees it, whether the local engine (`chat.ChatSession`) or a server
-(`remote_commands.RemoteChatSession`) answers: the /commands, the terminal's REPL, the
+"""A chat as its user sees it, whether the local engine (`chat.LocalChat`) or a server
+(`remote_session.RemoteChatSession`) answers: the /commands, the terminal's REPL, the
 one-question-a-line mode for scripts. Free of PyTorch, so `msa chat --server` starts at once."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from msa.models.errors import MsaError
 
-from .context import Context
+from ..engine.documents import Context
 from .output import write_stdout
 
 if TYPE_CHECKING:
-    from .generate import Timings
+    from ..engine import Usage
 
 HELP = """\
 /help          this list
@@ -33,7 +33,7 @@ class Turn:
     question: str
     answer: str
     sources: list
-    timings: Timings | None  # the local engine's figures (None when a server answered)
+    timings: Usage | None  # the local engine's figures (None when a server answered)
     stopped: bool = False
 
 

@@ -128,13 +128,18 @@ def prefill(
     chunks = prefill_chunks(
         model, cache, ids, question_from=question_from, observer=observer, chunk=chunk
     )
+    return drain(chunks, progress)
+
+
+def drain(chunks: Generator, each: Callable | None = None):
+    """Run a generator to its end, `each(item)` for what it yields; what it returns."""
     while True:
         try:
-            n = next(chunks)
+            item = next(chunks)
         except StopIteration as done:
             return done.value
-        if progress:
-            progress(n)
+        if each:
+            each(item)
 
 
 def step(model: Transformer, cache: KVCache, token: int, *, question_from=None, observer=None):

@@ -41,6 +41,7 @@ def load(
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa.models import load_model
+
     from .generate import prepare_decode
     from .paths import quantized_models_dir
 

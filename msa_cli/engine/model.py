@@ -63,7 +63,7 @@ class Model:
         """Session settings under this model's cache directory: `attention` (AttentionSettings or
         a mode: auto, dense, msa); the prefix cache read and written (`prefix_cache=False`:
         neither; `cache_read_only`: read only); `options`: `Settings`' other fields (max_tokens,
-        temperature, top_p, seed, system, sources, note)."""
+        temperature, top_p, seed, system, sources, note, kv_spill_dir, speed_dir)."""
         if isinstance(attention, str):
             attention = AttentionSettings(mode=attention)
         cache = None
@@ -71,12 +71,11 @@ class Model:
             cache = CacheOptions(
                 prefix_dir(self.cache_dir), max_bytes=budget_from_env(), read_only=cache_read_only
             )
+        defaults = {"kv_spill_dir": self.cache_dir / "kv", "speed_dir": self.cache_dir}
         return Settings(
             attention=attention or AttentionSettings(),
             prefix_cache=cache,
-            kv_spill_dir=self.cache_dir / "kv",
-            speed_dir=self.cache_dir,
-            **options,
+            **{**defaults, **options},
         )
 
     def session(

@@ -119,7 +119,6 @@ class Session:
 
     def _answer(self, tail: list[int], question_at: int, max_tokens: int | None):
         max_tokens = max_tokens or self.settings.max_tokens
-        usage = self.usage = Usage()
         if self.cache is None:  # the documents and the question, read in one pass
             n = self.context_length + len(tail)
             if self.limit is not None and n >= self.limit:
@@ -129,6 +128,7 @@ class Session:
                     "(--attention auto or msa reads any length)"
                 )
             capacity = n + max_tokens if self.limit is None else min(self.limit, n + max_tokens)
+            usage = self.usage = Usage()
             logits = yield from self._read(capacity, tail, question_at)
             usage.prefill_tokens, usage.prefill_s = n - self.cached_tokens, self.read_s
         else:
@@ -137,6 +137,7 @@ class Session:
                     f"the conversation would be {len(self.seq) + len(tail):,} tokens, more than "
                     f"{self.limit:,} with dense attention: /reset to start again"
                 )
+            usage = self.usage = Usage()
             try:
                 logits = self._read_turn(tail, question_at, usage)
             except BaseException:
@@ -176,33 +177,17 @@ class Session:
             prefill_tokens=to_read,
             tok_s=known_speed(s.speed_dir, key),
         )
-        start = time.perf_counter()
-        if self.cache.length < len(context):
-            chunks = generate.prefill_chunks(
-                loaded.model, self.cache, context[self.cache.length :], observer=self.tracker
-            )
-            for n in chunks:
-                yield Progress(n, to_read)
-                if stored:
-                    stored.save(self.cache)
         self.seq = list(context)
-        logits = None
-        if tail:
-            self._restart_tracker(tail, question_at)
-            self.seq += tail
-            chunks = generate.prefill_chunks(
-                loaded.model,
-                self.cache,
-                tail,
-                question_from=self.context_length,
-                observer=self.tracker,
-            )
-            while True:
-                try:
-                    yield Progress(next(chunks), to_read)
-                except StopIteration as done:
-                    logits = done.value
-                    break
+        self._restart_tracker(self.context_length, tail, question_at)
+        start = time.perf_counter()
+        chunks = prompt_chunks(loaded.model, self.cache, context, tail, stored, self.tracker)
+        while True:
+            try:
+                yield Progress(next(chunks), to_read)
+            except StopIteration as done:
+                logits = done.value
+                break
+        self.seq += tail
         self.read_s = time.perf_counter() - start
         record_speed(s.speed_dir, key, to_read, self.read_s)
         return logits
@@ -210,7 +195,7 @@ class Session:
     def _read_turn(self, tail: list[int], question_at: int, usage: Usage):
         """A question after the documents were read: what the cache lacks of the conversation."""
         new = self.seq[self.cache.length :] + tail
-        self._restart_tracker(tail, question_at)
+        self._restart_tracker(self.cache.length, tail, question_at)
         self.seq += tail
         usage.prefill_tokens = len(new)
         start = time.perf_counter()
@@ -230,10 +215,12 @@ class Session:
         # a step cut short may have summarized a block it never finished: forget that
         self.cache.truncate(self.cache.length)
 
-    def _restart_tracker(self, tail: list[int], question_at: int) -> None:
-        if self.tracker is not None:
+    def _restart_tracker(self, baseline_from: int, tail: list[int], question_at: int) -> None:
+        """Sources of the question in `tail`, which follows `seq`: its template tokens from
+        `baseline_from` on are the baseline."""
+        if self.tracker is not None and tail:
             n = len(self.seq)
-            self.tracker.restart(self.cache.length, n + question_at, n + len(tail) - 1)
+            self.tracker.restart(baseline_from, n + question_at, n + len(tail) - 1)
 
     def _decode(self, logits, max_tokens: int, usage: Usage) -> Iterator[Event]:
         tok = self.loaded.tokenizer
@@ -263,6 +250,37 @@ class Session:
         if self.tracker is not None:
             yield Sources(self.sources())
         yield Done(usage)
+
+
+def prompt_chunks(
+    model, cache, context: list[int], tail: list[int], stored: PrefixCache | None, observer=None
+) -> Generator[int, None, object]:
+    """Prefill what `cache` lacks of `context`, then `tail`, yielding each chunk's token count;
+    returns the last token's logits (None without a tail).
+
+    The context (head + document) and the tail are prefilled apart, so the context's chunks fall
+    at the same places whether or not a cache holds part of it: a full cache hit gives the same
+    logits, bit for bit, as no cache. Each finished chunk of the context is saved to `stored`.
+    """
+    if cache.length < len(context):
+        chunks = generate.prefill_chunks(model, cache, context[cache.length :], observer=observer)
+        for n in chunks:
+            yield n
+            if stored:
+                stored.save(cache)
+    if not tail:
+        return None
+    return (
+        yield from generate.prefill_chunks(
+            model, cache, tail, question_from=len(context), observer=observer
+        )
+    )
+
+
+def prefill_prompt(model, cache, prompt: Prompt, stored: PrefixCache | None = None):
+    """`prompt_chunks` for a whole prompt, run to its end: the last token's logits."""
+    context = prompt.ids[: prompt.context_length]
+    return generate.drain(prompt_chunks(model, cache, context, prompt.tail, stored))
 
 
 def as_context(documents: Document | Context) -> Context:

@@ -1,8 +1,9 @@
 """One model, one answer at a time: requests wait in a bounded queue for the engine's thread.
 
 The model runs on one thread of its own, so the event loop never waits on PyTorch. A request
-becomes a `Job`; the thread takes jobs in order and sends each one's events back to the event
-loop: "start" (the prompt is read), "piece" (text), then "end", or "error". A job whose client
+becomes a `Job`; the thread takes jobs in order, answers each with an engine `Session`, and
+sends its events back to the event loop: "start" (the prompt is read; the answer's `Usage`,
+filled in as it streams), "piece" (text), then "end", or "error". A job whose client
 has gone is cancelled: the thread stops it between two tokens.
 """
 
@@ -10,19 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import queue
 import threading
 from dataclasses import dataclass, field
 
 from msa.models.errors import InputError, InputTooLongError, ModelError
 
-from ..ask import AskSettings, stream_prompt
-from ..documents import Document
-from ..prompt import prompt_from_messages
+from ..engine.documents import Document
+from ..engine.prompt import prompt_from_messages
+from ..engine.session import Session, Settings
 
-SERVED_SOURCE = (
-    "(msa serve)"  # what `msa cache ls` shows as the source of a document a request sent
-)
+SERVED_SOURCE = "(msa serve)"  # what `msa cache ls` shows as the source of a request's document
 
 
 class QueueFull(Exception):
@@ -52,8 +52,8 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
-class Engine:
-    def __init__(self, loaded, settings: AskSettings, *, queue_size: int):
+class Worker:
+    def __init__(self, loaded, settings: Settings, *, queue_size: int):
         self.loaded, self.settings = loaded, settings
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._work, name="msa-engine", daemon=True)
@@ -99,21 +99,22 @@ class Engine:
         try:
             try:
                 prompt = prompt_from_messages(self.loaded.tokenizer, job.messages)
-                answer, pieces = stream_prompt(
-                    self.loaded, prompt, Document(SERVED_SOURCE, ""), settings
-                )
+                session = Session(self.loaded, Document(SERVED_SOURCE, ""), settings, prompt=prompt)
+                events = session.reply()
+                first = next(e for e in events if e.kind not in ("reading", "progress"))
             except InputTooLongError as e:
                 raise BadPrompt(
                     str(e).removeprefix(f"{SERVED_SOURCE}: "), "context_length_exceeded"
                 ) from None
             except (InputError, ModelError) as e:  # no user message; the chat template refused them
                 raise BadPrompt(str(e)) from None
-            job.emit("start", answer)
-            for piece in pieces:
-                if job.cancelled:
-                    pieces.close()
-                    return
-                job.emit("piece", piece)
-            job.emit("end", answer)
+            job.emit("start", session.usage)
+            for event in itertools.chain([first], events):
+                if event.kind == "text":
+                    if job.cancelled:
+                        events.close()
+                        return
+                    job.emit("piece", event.text)
+            job.emit("end", session.usage)
         except Exception as e:  # noqa: BLE001 - the request's handler reports it
             job.emit("error", e)

@@ -1,0 +1,168 @@
+"""`msa bench e2e` and `msa bench attention`: speed, as tables or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from .errors import reports_errors
+from .options import (
+    AttentionOption,
+    BlockSizeOption,
+    CacheDirOption,
+    DtypeOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    ModelOption,
+    QuantOption,
+    ThreadsOption,
+    TopkOption,
+    attention_settings,
+    check_precision,
+)
+
+bench_app = typer.Typer(help="Measure speed.", no_args_is_help=True)
+
+_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_lengths(spec: str) -> list[int]:
+    """'512,2k,1m' -> [512, 2048, 1048576]."""
+    lengths = []
+    for part in spec.split(","):
+        part = part.strip().lower()
+        scale = _SUFFIXES.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            value = int(float(number) * scale)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
+            ) from None
+        if value < 1:
+            raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
+        lengths.append(value)
+    return lengths
+
+
+def print_rows(rows: list[dict], json_out: bool, title: str) -> None:
+    """A JSON array on stdout, or a table for people."""
+    if json_out:
+        print(json.dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in rows[0] if rows else []:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
+    Console().print(table)
+
+
+@bench_app.command("e2e")
+@reports_errors
+def bench_e2e(
+    length: str = typer.Option(
+        "512,2k,8k", "--length", "-l", help="Context lengths, comma-separated; k and m suffixes."
+    ),
+    model: str = ModelOption,
+    decode_tokens: int = typer.Option(
+        32, "--decode-tokens", min=1, help="Tokens decoded after each prefill."
+    ),
+    threads: int | None = ThreadsOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per length."
+    ),
+    cache_dir: str | None = CacheDirOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: int | None = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    kv_dtype: str = KvDtypeOption,
+    quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
+):
+    """Prefill and decode speed of a model at each context length, and the process's peak memory.
+
+    For each length: prefill that many random tokens (in chunks of 512), then decode
+    --decode-tokens greedily. Tokens/s are wall-clock; peak_rss_mb is the process's peak
+    resident memory so far (weights, KV cache and work buffers).
+    """
+    from ..engine.bench import run_e2e
+    from ..engine.loading import load, set_threads
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from .output import note
+
+    lengths = parse_lengths(length)
+    settings = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    check_precision(quant, dtype)
+    n_threads = set_threads(threads)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
+
+    rows = run_e2e(
+        loaded,
+        lengths,
+        decode_tokens=decode_tokens,
+        settings=settings,
+        spill_dir=resolve_cache_dir(cache_dir) / "kv",
+    )
+    for row in rows:
+        row.update(model=loaded.name, weights=loaded.weights, threads=n_threads)
+    print_rows(
+        rows,
+        json_out,
+        f"msa bench e2e: {loaded.name}, {loaded.weights} weights, "
+        f"{attention} attention, {n_threads} threads",
+    )
+
+
+@bench_app.command("attention")
+@reports_errors
+def bench_attention(
+    length: str = typer.Option(
+        "8k,32k,128k,1m", "--length", "-l", help="Numbers of cached tokens; k and m suffixes."
+    ),
+    topk: int = TopkOption,
+    block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
+    local_blocks: int = typer.Option(
+        1, "--local-blocks", min=1, help="Most recent blocks always attended."
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the Triton kernels."),
+    repeats: int = typer.Option(
+        5, "--repeats", min=1, help="Timed runs per op; the median is reported."
+    ),
+    threads: int | None = ThreadsOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per length."
+    ),
+):
+    """One decode step of one layer's attention (the embedded model's shapes), dense against MSA."""
+    import torch
+
+    from ..engine.bench import run_attention
+    from ..engine.loading import set_threads
+
+    lengths = parse_lengths(length)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA device here", param_hint="--device")
+    n_threads = set_threads(threads)
+    rows = run_attention(
+        lengths,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        block_size=block_size,
+        topk=topk,
+        local_blocks=local_blocks,
+        sink_blocks=1,
+        device=device,
+        repeats=repeats,
+    )
+    print_rows(
+        rows,
+        json_out,
+        f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} threads",
+    )
