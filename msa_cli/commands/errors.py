@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 
-import click
 import typer
 import typer.core
 import typer.exceptions
@@ -27,6 +27,11 @@ EXIT_CODES_HELP = (
 def _say(message: str) -> None:
     sys.stdout.flush()
     print(f"msa: error: {message}", file=sys.stderr, flush=True)
+
+
+# Click's exceptions, as the installed Typer raises them: Typer >= 0.20 carries its own copy of
+# Click (typer._click), older ones use Click itself
+click = importlib.import_module(typer.BadParameter.__module__)
 
 
 class UsageLine(click.ClickException):
@@ -50,7 +55,7 @@ def usage_line(error: click.UsageError) -> UsageLine:
 def _usage_in_one_line():
     try:
         yield
-    except click.exceptions.NoArgsIsHelpError:  # prints the help: not an error line
+    except click.NoArgsIsHelpError:  # prints the help: not an error line
         raise
     except click.UsageError as e:
         raise usage_line(e) from None
