@@ -164,5 +164,6 @@ def bench_attention(
     print_rows(
         rows,
         json_out,
-        f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} threads",
+        f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} "
+        "threads",
     )

@@ -94,7 +94,8 @@ def info(cache_dir: str | None = CacheDirOption):
     print(f"size       {format_size(index.disk_bytes())}")
     print(f"documents  {len(chains)}")
     print(
-        f"blocks     {len(blocks)} ({sum(1 for key in blocks if uses[key] > 1)} shared by several documents)"
+        f"blocks     {len(blocks)} ({sum(1 for key in blocks if uses[key] > 1)} shared by several "
+        "documents)"
     )
 
 
@@ -137,7 +138,8 @@ def prune(
         after, n_after = index.disk_bytes(), len(index.all())
     removed = n_before - n_after
     print(
-        f"removed {removed} document{'' if removed == 1 else 's'}, freed {format_size(before - after)}; "
+        f"removed {removed} document{'' if removed == 1 else 's'}, "
+        f"freed {format_size(before - after)}; "
         f"the cache holds {format_size(after)} (budget {format_size(budget)})"
     )
 

@@ -20,7 +20,8 @@ from msa.models.errors import MsaError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
-    "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), 130 interrupted."
+    "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), "
+    "130 interrupted."
 )
 
 

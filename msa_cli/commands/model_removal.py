@@ -82,11 +82,13 @@ def remove_model(name: str, converted_root: Path) -> list[Removed]:
         known = name in KNOWN_MODELS or hub_id is not None or source is not None
         if not known:
             raise ModelError(
-                f"unknown model {name!r} (see `msa models`; or a hub id owner/name, or a .gguf file)"
+                f"unknown model {name!r} (see `msa models`; or a hub id owner/name, or a .gguf "
+                "file)"
             )
         hint = ""
         if name in KNOWN_MODELS and KNOWN_MODELS[name].package:
-            hint = f"; its file ships in the package {KNOWN_MODELS[name].package} (pip uninstall it to remove it)"
+            package = KNOWN_MODELS[name].package
+            hint = f"; its file ships in the package {package} (pip uninstall it to remove it)"
         raise ModelError(
             f"model {name} is not installed: nothing pulled or converted to remove{hint}"
         )

@@ -86,7 +86,8 @@ def quantize(
     ),
     cache_dir: str | None = CacheDirOption,
 ):
-    """Write a quantized copy of MODEL, used as --model MODEL-int8 or MODEL-int4 and listed by msa models.
+    """Write a quantized copy of MODEL, used as --model MODEL-int8 or MODEL-int4 and listed by msa
+    models.
 
     The copy keeps the weights quantized on disk and in memory (the output head stays int8 in
     int4 mode); a GGUF's Q4_1 weights go into int4 unchanged.

@@ -59,7 +59,8 @@ AttentionOption = typer.Option(
     envvar="MSA_ATTENTION",
     show_envvar=True,
     help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
-    "dense: every token reads every earlier one (up to the model's context); msa: block selection throughout.",
+    "dense: every token reads every earlier one (up to the model's context); msa: block selection "
+    "throughout.",
 )
 TopkOption = typer.Option(
     AttentionSettings.topk,
@@ -78,7 +79,8 @@ KvDtypeOption = typer.Option(
     "--kv-dtype",
     envvar="MSA_KV_DTYPE",
     show_envvar=True,
-    help="auto: keys and values in the compute dtype; int8: rounded to int8 (one scale per token and head), "
+    help="auto: keys and values in the compute dtype; int8: rounded to int8 (one scale per token "
+    "and head), "
     "so the prefix cache takes about a quarter of the disk.",
 )
 QuietOption = typer.Option(
@@ -121,8 +123,10 @@ ServerOption = typer.Option(
     "--server",
     envvar="MSA_SERVER",
     show_envvar=True,
-    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of the local "
-    "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, --threads "
+    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of "
+    "the local "
+    "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, "
+    "--threads "
     "and the cache options are then the server's business.",
 )
 ApiKeyOption = typer.Option(

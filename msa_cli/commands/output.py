@@ -40,7 +40,8 @@ def stderr_console() -> Console:
 
 @contextlib.contextmanager
 def reading_progress(total_tokens: int, *, enabled: bool, label: str = "reading"):
-    """Yield a callback `advance(n_tokens)`; draws a bar on stderr only when `enabled` and a terminal."""
+    """Yield a callback `advance(n_tokens)`; draws a bar on stderr only when `enabled` and a
+    terminal."""
     if not enabled or not sys.stderr.isatty():
         yield lambda n: None
         return

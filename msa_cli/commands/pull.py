@@ -108,7 +108,8 @@ def _plan(hub_id: str, files) -> PullPlan:
         )
     if not any(n.endswith(".safetensors") for n in names):
         raise ModelError(
-            f"cannot pull {hub_id}: the repository has no safetensors weights (msa reads only those)"
+            f"cannot pull {hub_id}: the repository has no safetensors weights (msa reads only "
+            "those)"
         )
     return PullPlan(
         hub_id,
@@ -147,11 +148,13 @@ def _as_model_error(hub_id: str, error: Exception) -> ModelError:
         error = error.__cause__  # a dry run wraps the hub's answer in its own error
     if isinstance(error, GatedRepoError):
         return ModelError(
-            f"cannot pull {hub_id}: the repository is gated; accept its terms on the hub and set HF_TOKEN"
+            f"cannot pull {hub_id}: the repository is gated; accept its terms on the hub and set "
+            "HF_TOKEN"
         )
     if isinstance(error, RepositoryNotFoundError):
         return ModelError(
-            f"cannot pull {hub_id}: no such repository at {endpoint()} (or it is private: set HF_TOKEN)"
+            f"cannot pull {hub_id}: no such repository at {endpoint()} (or it is private: set "
+            "HF_TOKEN)"
         )
     if isinstance(error, RevisionNotFoundError):
         return ModelError(f"cannot pull {hub_id}: the repository has no main revision")

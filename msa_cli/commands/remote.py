@@ -73,7 +73,8 @@ class Server:
         self.http = httpx2.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def model(self, wanted: str, *, chosen: bool) -> str:
-        """`wanted` if the server serves it, else, unless the user chose it, the server's only model."""
+        """`wanted` if the server serves it, else, unless the user chose it, the server's only
+        model."""
         served = [m["id"] for m in self._json(self._call("GET", "/models")).get("data", [])]
         if wanted in served:
             return wanted
@@ -81,7 +82,8 @@ class Server:
             return served[0]
         listed = ", ".join(served) or "none"
         raise ServerError(
-            f"the server at {self.url} does not serve {wanted!r} (it serves: {listed}); pick one with --model"
+            f"the server at {self.url} does not serve {wanted!r} (it serves: {listed}); pick one "
+            "with --model"
         )
 
     def stream_chat(
@@ -120,7 +122,8 @@ class Server:
                         event = json.loads(data)
                     except ValueError:
                         raise ServerError(
-                            f"the server at {self.url} sent an event that is not JSON: {data[:80]!r}"
+                            f"the server at {self.url} sent an event that is not JSON: "
+                            f"{data[:80]!r}"
                         ) from None
                     if "error" in event:
                         raise ServerError(
@@ -209,7 +212,8 @@ def _json_or_text(response: httpx2.Response):
 
 
 def _message(body) -> str:
-    """The message of an error body: OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or text."""
+    """The message of an error body: OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or
+    text."""
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict):

@@ -51,7 +51,8 @@ class Conversation:
         raise NotImplementedError
 
     def after_answer(self) -> None:
-        """Called once an answer is written out (the local engine's --verbose prints its figures)."""
+        """Called once an answer is written out (the local engine's --verbose prints its
+        figures)."""
 
     def stats(self) -> str:
         raise NotImplementedError

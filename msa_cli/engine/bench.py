@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 
@@ -106,24 +107,13 @@ def run_attention(
         q = torch.randn(n_heads, head_dim, generator=generator).to(device)
         summaries = K.block_summaries(k, block_size, "minmax")
 
-        def dense():
-            K.dense_attention(q, k, v)
-            sync()
-
-        def msa():
-            scores = K.score_blocks(q, summaries)
-            idx = K.select_blocks(
-                scores,
-                n_tokens=length,
-                block_size=block_size,
-                topk=topk,
-                local_blocks=local_blocks,
-                sink_blocks=sink_blocks,
-            )
-            K.sparse_decode_attention(q, k, v, idx, block_size)
-            sync()
-
+        dense = functools.partial(_dense_step, K, sync, q, k, v)
+        msa = functools.partial(
+            _msa_step, K, sync, q, k, v, summaries, length, block_size, topk, local_blocks,
+            sink_blocks,
+        )  # fmt: skip
         dense_ms, msa_ms = _median_ms(dense, repeats), _median_ms(msa, repeats)
+        del dense, msa  # their K/V go with k, v below
         elt = k.element_size()
         width = K.selection_width(topk, local_blocks, sink_blocks)
         selected_tokens = min(length, width * block_size)
@@ -140,3 +130,22 @@ def run_attention(
         )
         del k, v, summaries
     return rows
+
+
+def _dense_step(K, sync, q, k, v) -> None:
+    K.dense_attention(q, k, v)
+    sync()
+
+
+def _msa_step(K, sync, q, k, v, summaries, length, block_size, topk, local_blocks, sink_blocks):
+    scores = K.score_blocks(q, summaries)
+    idx = K.select_blocks(
+        scores,
+        n_tokens=length,
+        block_size=block_size,
+        topk=topk,
+        local_blocks=local_blocks,
+        sink_blocks=sink_blocks,
+    )
+    K.sparse_decode_attention(q, k, v, idx, block_size)
+    sync()

@@ -38,7 +38,8 @@ def load(
     dtype: str = "fp32",
     note=None,
 ):
-    """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel, seconds).
+    """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel,
+    seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa.models import load_model
 
@@ -72,7 +73,8 @@ def load(
 
 
 def _writable_or_none(path: Path) -> Path | None:
-    """Keep converted model copies only where we may write; otherwise convert in memory each time."""
+    """Keep converted model copies only where we may write; otherwise convert in memory each
+    time."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:

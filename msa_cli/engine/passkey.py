@@ -1,4 +1,5 @@
-"""Pass-key retrieval (`msa eval passkey`): find a 5-digit key hidden at a chosen depth of filler text.
+"""Pass-key retrieval (`msa eval passkey`): find a 5-digit key hidden at a chosen depth of filler
+text.
 
 The classic long-context retrieval check (Landmark attention, LongLoRA): a key sentence is
 planted at a depth of repetitive filler and the model is asked for the key. The question asks

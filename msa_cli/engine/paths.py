@@ -12,7 +12,8 @@ def _xdg(var: str, fallback: str) -> Path:
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """The prefix cache and converted model copies: --cache-dir, MSA_CACHE_DIR, $XDG_CACHE_HOME/msa."""
+    """The prefix cache and converted model copies: --cache-dir, MSA_CACHE_DIR,
+    $XDG_CACHE_HOME/msa."""
     if override:
         return Path(override).expanduser()
     if os.environ.get("MSA_CACHE_DIR"):

@@ -107,7 +107,8 @@ def _around_document(
     question: str,
     token_memo: TokenMemo | None = None,
 ) -> Prompt:
-    """Render `messages` (one of which holds the document slot) and tokenize the document on its own."""
+    """Render `messages` (one of which holds the document slot) and tokenize the document on its
+    own."""
     text = tokenizer.template.render(messages, add_generation_prompt=True)
     if text.count(_DOCUMENT_SLOT) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")

@@ -31,7 +31,8 @@ def known_speed(cache_dir: Path | None, key: str) -> float | None:
 
 
 def record_speed(cache_dir: Path | None, key: str, tokens: int, seconds: float) -> None:
-    """Remember this read's speed; never fails the command (the cache directory may be read-only)."""
+    """Remember this read's speed; never fails the command (the cache directory may be
+    read-only)."""
     if cache_dir is None or tokens < MIN_TOKENS or seconds <= 0:
         return
     path = cache_dir / FILE_NAME

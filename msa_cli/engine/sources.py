@@ -53,7 +53,8 @@ class Source:
         }
 
     def line(self) -> str:
-        """`path:12-18  0.31  excerpt...` (`path:12-18 (page 3)  ...` in a PDF), one line for a terminal."""
+        """`path:12-18  0.31  excerpt...` (`path:12-18 (page 3)  ...` in a PDF), one line for a
+        terminal."""
         lines = (
             f"{self.start_line}"
             if self.start_line == self.end_line
@@ -77,7 +78,8 @@ class SourceTracker:
         self.restart(sys.maxsize, sys.maxsize, -1)
 
     def restart(self, baseline_from: int, question_from: int, until: int) -> None:
-        """Baseline queries at positions [baseline_from, question_from), the question's up to `until`."""
+        """Baseline queries at positions [baseline_from, question_from), the question's up to
+        `until`."""
         self.baseline_from, self.question_from, self.until = baseline_from, question_from, until
         self._sums = {"base": {}, "question": {}}  # layer -> [Hq, n_blocks], summed over queries
         self._counts = {"base": {}, "question": {}}

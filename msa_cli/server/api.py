@@ -163,7 +163,8 @@ async def _http_error_response(request: Request, error: HTTPException) -> JSONRe
 
 
 class _Completion:
-    """One answer in OpenAI's shapes: a chat.completion, or a stream of chat.completion.chunk events."""
+    """One answer in OpenAI's shapes: a chat.completion, or a stream of chat.completion.chunk
+    events."""
 
     def __init__(self, model: str, chat: ChatRequest, usage):
         self.model, self.chat, self.usage = model, chat, usage  # the engine's `Usage`, filling in
@@ -187,7 +188,8 @@ class _Completion:
         }
 
     async def stream(self, job: Job):
-        """Server-sent events; when the client goes away mid-answer, the engine stops that answer."""
+        """Server-sent events; when the client goes away mid-answer, the engine stops that
+        answer."""
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             try:
@@ -227,7 +229,8 @@ class _Completion:
         )
 
     def _finish_reason(self) -> str:
-        # "context": the model's context is full (dense attention), which OpenAI's API calls "length"
+        # "context": the model's context is full (dense attention), which OpenAI's API calls
+        # "length"
         return "stop" if self.usage.finish_reason == "stop" else "length"
 
     def _usage(self) -> dict:

@@ -64,7 +64,8 @@ def uvicorn_server(app):
 
 
 def serve_until_stopped(app, sock: socket.socket) -> None:
-    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises the
+    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises
+    the
     signal again; Ctrl-C is how a server is meant to stop, so it ends the command without error."""
     try:
         uvicorn_server(app).run(sockets=[sock])

@@ -234,7 +234,8 @@ def _ignored(rules: dict[str, list], rel: str, *, is_dir: bool) -> bool:
 def _read_text(
     full: str, shown: str, max_file_bytes: int, *, skip, warn
 ) -> tuple[str, list] | None:
-    """(text, sections) of a file met in a directory, or None when it is skipped (with a warning)."""
+    """(text, sections) of a file met in a directory, or None when it is skipped (with a
+    warning)."""
     kind = format_of(full)
     try:
         size = os.stat(full).st_size

@@ -61,7 +61,8 @@ class PrefixCache:
         self._keep = frozenset(k.key for k in self.keys)
 
     def restore(self, kv) -> int:
-        """Import the stored blocks of the context into `kv` (empty); returns the tokens restored."""
+        """Import the stored blocks of the context into `kv` (empty); returns the tokens
+        restored."""
         for bk in self.keys:
             try:
                 tensors = self.store.read(bk.key, identity=self.identity, tokens=bk.tokens)
@@ -126,7 +127,8 @@ class PrefixCache:
         self._saving = False
         self.note(
             f"cache: {self.source} needs about {format_size(estimate)}, more than the cache's "
-            f"{format_size(self.options.max_bytes)} budget (MSA_CACHE_MAX); answering without keeping it"
+            f"{format_size(self.options.max_bytes)} budget (MSA_CACHE_MAX); answering without "
+            "keeping it"
         )
         return False
 
@@ -160,13 +162,15 @@ class PrefixCache:
         if not fits:
             self._saving = False
             self.note(
-                f"cache: the cache's {format_size(self.options.max_bytes)} budget is full with blocks "
+                f"cache: the cache's {format_size(self.options.max_bytes)} budget is full with "
+                "blocks "
                 f"in use; not keeping the rest of {self.source}"
             )
         return fits
 
     def _guard(self, action, *args, **kwargs):
-        """Run a cache write; on a disk or lock problem, stop saving with one note (never fail the ask)."""
+        """Run a cache write; on a disk or lock problem, stop saving with one note (never fail the
+        ask)."""
         try:
             return action(*args, **kwargs)
         except (OSError, CacheBusyError) as e:
@@ -188,5 +192,6 @@ class PrefixCache:
             except OSError:
                 action = "could not drop it"
         self.note(
-            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token {start:,}"
+            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token "
+            f"{start:,}"
         )

@@ -25,7 +25,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?)?b?\s*$", re.IGNORECA
 
 
 def parse_size(text: str, *, what: str = "size") -> int:
-    """'500M' -> 500_000_000 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024; a B is optional)."""
+    """'500M' -> 500_000_000 (K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024; a B is
+    optional)."""
     match = _SIZE.match(text)
     if not match:
         raise CacheError(f"{what}: {text!r} is not a size (use e.g. 500M or 10G)")

@@ -85,7 +85,8 @@ class BlockStore:
             lock.release()
 
     def write(self, key: str, tensors: dict, *, identity: str, index: int, tokens: int) -> int:
-        """Write a block atomically (a temporary file beside it, fsync, rename); returns its size."""
+        """Write a block atomically (a temporary file beside it, fsync, rename); returns its
+        size."""
         from safetensors.torch import save_file
 
         path = self.path(key)
@@ -109,7 +110,8 @@ class BlockStore:
         return path.stat().st_size
 
     def read(self, key: str, *, identity: str, tokens: int) -> dict | None:
-        """The tensors of block `key`, or None if it is not stored; BadBlock if it must not be used."""
+        """The tensors of block `key`, or None if it is not stored; BadBlock if it must not be
+        used."""
         from safetensors import safe_open
 
         path = self.path(key)
@@ -169,7 +171,8 @@ class BlockStore:
 
 
 def remove_stale_temp_files(paths, older_than_s: float = STALE_TEMP_S) -> None:
-    """Delete temporary files that writers killed mid-write left behind (live writers' are young)."""
+    """Delete temporary files that writers killed mid-write left behind (live writers' are
+    young)."""
     now = time.time()
     for path in paths:
         with contextlib.suppress(OSError):
