@@ -15,7 +15,8 @@ from msa.app import app
 from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
 from msa.engine.prefix_cache.keys import FORMAT_VERSION
 from msa.engine.prompt import build_prompt
-from msa.engine.session import Settings, open_prefix_cache, prefill_prompt
+from msa.engine.reading import open_prefix_cache, prefill_prompt
+from msa.engine.session import Settings
 from msa.models.attention_settings import AttentionSettings
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,8 @@ def stored_for(loaded, path: Path, text: str, question: str, root: Path):
 
 @pytest.fixture(scope="module")
 def populated(embedded, tmp_path_factory):
-    """A document asked about once: its path, that first ask's JSON, and the prefix cache it left."""
+    """A document asked about once: its path, that first ask's JSON, and the prefix cache it
+    left."""
     folder = tmp_path_factory.mktemp("populated")
     text = logbook(10)
     (folder / "log.txt").write_text(text)
@@ -361,6 +363,6 @@ def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
     result = run("ask", path, QUESTION, "-n", "2", "--cache-dir", cache_dir)
     assert result.exit_code == 0 and result.stdout.strip()
     assert (
-        result.stderr
-        == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); answering without saving\n"
+        result.stderr == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); "
+        "answering without saving\n"
     )

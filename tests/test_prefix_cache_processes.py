@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from msa.app import app
 from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex
 from msa.engine.prompt import build_prompt
-from msa.engine.session import Settings, open_prefix_cache, prefill_prompt
+from msa.engine.reading import open_prefix_cache, prefill_prompt
+from msa.engine.session import Settings
 
 pytestmark = pytest.mark.slow
 

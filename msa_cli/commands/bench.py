@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from .errors import reports_errors
@@ -20,46 +18,10 @@ from .options import (
     TopkOption,
     attention_settings,
     check_precision,
+    parse_lengths,
 )
 
 bench_app = typer.Typer(help="Measure speed.", no_args_is_help=True)
-
-_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
-
-
-def parse_lengths(spec: str) -> list[int]:
-    """'512,2k,1m' -> [512, 2048, 1048576]."""
-    lengths = []
-    for part in spec.split(","):
-        part = part.strip().lower()
-        scale = _SUFFIXES.get(part[-1:], 1)
-        number = part[:-1] if scale > 1 else part
-        try:
-            value = int(float(number) * scale)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
-            ) from None
-        if value < 1:
-            raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
-        lengths.append(value)
-    return lengths
-
-
-def print_rows(rows: list[dict], json_out: bool, title: str) -> None:
-    """A JSON array on stdout, or a table for people."""
-    if json_out:
-        print(json.dumps(rows))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in rows[0] if rows else []:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
-    Console().print(table)
 
 
 @bench_app.command("e2e")
@@ -94,7 +56,7 @@ def bench_e2e(
     from ..engine.bench import run_e2e
     from ..engine.loading import load, set_threads
     from ..engine.paths import cache_dir as resolve_cache_dir
-    from .output import note
+    from .output import note, print_rows
 
     lengths = parse_lengths(length)
     settings = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
@@ -144,6 +106,7 @@ def bench_attention(
 
     from ..engine.bench import run_attention
     from ..engine.loading import set_threads
+    from .output import print_rows
 
     lengths = parse_lengths(length)
     if device == "cuda" and not torch.cuda.is_available():

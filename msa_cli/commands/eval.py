@@ -7,7 +7,6 @@ import sys
 
 import typer
 
-from .bench import parse_lengths, print_rows
 from .errors import reports_errors
 from .options import (
     CacheDirOption,
@@ -16,6 +15,7 @@ from .options import (
     ThreadsOption,
     TopkOption,
     check_precision,
+    parse_lengths,
 )
 
 eval_app = typer.Typer(help="Measure answer quality.", no_args_is_help=True)
@@ -49,7 +49,7 @@ def eval_passkey(
 
     from ..engine.loading import load, set_threads
     from ..engine.passkey import run_passkey
-    from .output import note
+    from .output import note, print_rows
 
     check_precision(quant)
     lengths = parse_lengths(length)

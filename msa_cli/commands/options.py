@@ -179,3 +179,25 @@ def check_verbosity(quiet: bool, verbose: bool) -> None:
 def check_top_p(top_p: float) -> None:
     if top_p == 0:
         raise typer.BadParameter("must be > 0", param_hint="--top-p")
+
+
+_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_lengths(spec: str) -> list[int]:
+    """'512,2k,1m' -> [512, 2048, 1048576]."""
+    lengths = []
+    for part in spec.split(","):
+        part = part.strip().lower()
+        scale = _SUFFIXES.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            value = int(float(number) * scale)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
+            ) from None
+        if value < 1:
+            raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
+        lengths.append(value)
+    return lengths

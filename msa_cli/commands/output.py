@@ -170,3 +170,21 @@ def answer_figures(usage: Usage, *, prompt: bool = True) -> str:
         f"{usage.generated_tokens:,} written at {usage.decode_tok_s:,.1f} tok/s; "
         f"finish: {usage.finish_reason or 'interrupted'}"
     )
+
+
+def print_rows(rows: list[dict], json_out: bool, title: str) -> None:
+    """A JSON array on stdout, or a table for people."""
+    if json_out:
+        import json
+
+        print(json.dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in rows[0] if rows else []:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
+    Console().print(table)
