@@ -42,8 +42,8 @@ def test_scripted_chat_answers_each_line_and_runs_commands(embedded, doc, tmp_pa
         out[1].startswith(f"{doc}:") and "  1.00  " in out[1]
     )  # one block after the sink: all the score
     assert (
-        out[2]
-        == f"documents: 1 files, {len(embedded.tokenizer.encode(DOC))} tokens (0 from the prefix cache)"
+        out[2] == f"documents: 1 files, {len(embedded.tokenizer.encode(DOC))} tokens "
+        "(0 from the prefix cache)"
     )
     assert out[3].startswith("conversation: 1 turns, ")
     assert out[5] == f"saved to {transcript}"

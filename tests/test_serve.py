@@ -232,7 +232,8 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
                 time.sleep(0.05)
             third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=60)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
-            # leaving the `with` closes the stream mid-answer: the engine stops it and takes the next
+            # leaving the `with` closes the stream mid-answer: the worker stops it and takes the
+            # next
         second.join(timeout=120)
         assert waiting["response"].status_code == 200
         assert waiting["response"].json()["usage"]["completion_tokens"] <= 2
@@ -290,7 +291,8 @@ def test_msa_serve_listens_checks_the_key_from_the_environment_and_stops_on_ctrl
     try:
         line = server.stderr.readline()  # written once the model is loaded and the port bound
         match = re.fullmatch(
-            r"msa serve: smollm2-135m \(int4 weights\) at (http://127\.0\.0\.1:\d+)/v1 \(Ctrl-C stops\)\n",
+            r"msa serve: smollm2-135m \(int4 weights\) at (http://127\.0\.0\.1:\d+)/v1 "
+            r"\(Ctrl-C stops\)\n",
             line,
         )
         assert match, line + server.stderr.read() if server.poll() is not None else line
