@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from compare_llamacpp import parse_lengths
 
-from msa.generate import prefill
+from msa.engine.generate import prefill
 from msa.models.fused_decode import fused_step, per_op_decode
-from msa.runtime import load
+from msa.engine.loading import load
 
 
 def best_step_ms(model, cache, token: torch.Tensor, steps: int, repeats: int) -> float:
