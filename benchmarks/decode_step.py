@@ -20,8 +20,8 @@ import torch
 from compare_llamacpp import parse_lengths
 
 from msa.engine.generate import prefill
-from msa.models.fused_decode import fused_step, per_op_decode
 from msa.engine.loading import load
+from msa.models.fused_decode import fused_step, per_op_decode
 
 
 def best_step_ms(model, cache, token: torch.Tensor, steps: int, repeats: int) -> float:

@@ -20,10 +20,10 @@ import torch
 
 import msa.kernels as K
 from msa import runtime
-from msa.engine.passkey import QUESTION, depths, passkey_document
 from msa.engine.generate import prefill
-from msa.models.attention_settings import AttentionSettings
+from msa.engine.passkey import QUESTION, depths, passkey_document
 from msa.engine.prompt import build_prompt
+from msa.models.attention_settings import AttentionSettings
 
 SCORINGS = {
     # name: (summary kind, how a query block's queries are reduced)
