@@ -72,7 +72,7 @@ def msa_worker(job: dict) -> dict:
 
     import torch
 
-    from msa.generate import prefill
+    from msa.engine.generate import prefill
     from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])

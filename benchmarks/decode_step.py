@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from compare_llamacpp import parse_lengths
 
-from msa.generate import prefill
-from msa.runtime import load
+from msa.engine.generate import prefill
+from msa.engine.loading import load
 
 
 def best_step_ms(

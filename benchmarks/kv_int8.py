@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from quantization import perplexity, stdlib_text
 
-from msa.evals import run_passkey
+from msa.engine.loading import load
+from msa.engine.passkey import run_passkey
 from msa.models.attention_settings import AttentionSettings
-from msa.runtime import load
 
 KV_DTYPES = ["auto", "int8"]
 

@@ -1,6 +1,6 @@
 """How well MSA's block selection finds what dense attention reads, per layer.
 
-For pass-key documents (msa.evals), the document is prefilled densely; then, for the
+For pass-key documents (msa.engine.passkey), the document is prefilled densely; then, for the
 question's tokens, each layer's queries score the key blocks and pick the top-k. Reported per
 layer: the share of dense attention mass that falls in the selected blocks ("mass"), and how
 often the block holding the key's digits is selected ("recall"). FACTS.md found mass alone
@@ -20,10 +20,10 @@ import torch
 
 import msa.kernels as K
 from msa import runtime
-from msa.evals import QUESTION, depths, passkey_document
-from msa.generate import prefill
+from msa.engine.generate import prefill
+from msa.engine.passkey import QUESTION, depths, passkey_document
+from msa.engine.prompt import build_prompt
 from msa.models.attention_settings import AttentionSettings
-from msa.prompt import build_prompt
 
 SCORINGS = {
     # name: (summary kind, how a query block's queries are reduced)

@@ -48,24 +48,16 @@ def answer_rows(loaded, local_cache: Path, max_tokens: int) -> list[dict]:
     or not: unexplained; in this order the two first answers took 8.0 and 7.9 s.)"""
     from serving import serving
 
-    from msa.ask import AskSettings, stream_answer
-    from msa.context import read_context
-    from msa.prefix_cache import CacheOptions, prefix_dir
-    from msa.remote import Server
-    from msa.remote_commands import Sampling, first_messages
+    from msa.commands.remote import Server
+    from msa.commands.remote_session import Sampling, first_messages
+    from msa.engine import Model, Settings
+    from msa.engine.documents import read_context
 
-    settings = AskSettings(
-        max_tokens=max_tokens,
-        show_progress=False,
-        show_notes=False,
-        prefix_cache=CacheOptions(prefix_dir(local_cache)),
-    )
+    model = Model(loaded, cache_dir=local_cache)
     sampling = Sampling(max_tokens, 0.0, 1.0, None, None)
     document = read_context([str(EXAMPLE)])
-    warm_up = AskSettings(max_tokens=2, show_progress=False, show_notes=False)
-    "".join(
-        stream_answer(loaded, document, "Hello?", warm_up)[1]
-    )  # the process's first forward is slow
+    warm_up = model.session(document, settings=Settings(max_tokens=2))
+    list(warm_up.ask("Hello?"))  # the process's first forward is slow
     rows = []
     with serving(loaded, max_tokens=max_tokens) as url:  # its prefix cache: $MSA_CACHE_DIR's
         server = Server(url, api_key=None, timeout=600)
@@ -79,8 +71,10 @@ def answer_rows(loaded, local_cache: Path, max_tokens: int) -> list[dict]:
             text, first, total = timed(start, pieces)  # the usage counts arrive with the last event
             rows.append(row("msa serve + --server", i, answer.cached_tokens, text, first, total))
             start = time.perf_counter()
-            answer, pieces = stream_answer(loaded, document, question, settings)
-            rows.append(row("local engine", i, answer.cached_tokens, *timed(start, pieces)))
+            session = model.session(document, max_tokens=max_tokens)
+            pieces = (e.text for e in session.ask(question) if e.kind == "text")
+            text, first, total = timed(start, pieces)
+            rows.append(row("local engine", i, session.usage.cached_tokens, text, first, total))
     return rows
 
 
@@ -119,8 +113,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
-    from msa.bench import print_table
-    from msa.runtime import load
+    from msa.commands.output import print_rows
+    from msa.engine.loading import load
 
     loaded, _ = load("smollm2-135m")
     with (
@@ -132,18 +126,18 @@ def main() -> None:
     for served, local in zip(answers[::2], answers[1::2]):
         local["same_answer"] = served["same_answer"] = local["answer"] == served["answer"]
     rows = [{k: v for k, v in r.items() if k != "answer"} for r in answers]
-    print_table(rows, title=f"answers: {loaded.name}, greedy, {args.max_tokens} tokens at most")
+    print_rows(rows, False, f"answers: {loaded.name}, greedy, {args.max_tokens} tokens at most")
     starts = [
         {
-            "process imports": "msa ask --server (msa.remote_commands)",
-            "seconds": import_seconds("msa.remote_commands", args.repeats),
+            "process imports": "msa ask --server (msa.commands.remote_session)",
+            "seconds": import_seconds("msa.commands.remote_session", args.repeats),
         },
         {
-            "process imports": "msa ask, local engine (msa.ask)",
-            "seconds": import_seconds("msa.ask", args.repeats),
+            "process imports": "msa ask, local engine (msa.engine.session)",
+            "seconds": import_seconds("msa.engine.session", args.repeats),
         },
     ]
-    print_table(starts, title=f"client start-up: median of {args.repeats} fresh interpreters")
+    print_rows(starts, False, f"client start-up: median of {args.repeats} fresh interpreters")
     if args.json:
         args.json.write_text(json.dumps({"answers": rows, "start_up": starts}, indent=1))
 

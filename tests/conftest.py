@@ -57,7 +57,7 @@ def isolated_home(tmp_path, monkeypatch, converted_models):
 def embedded(converted_models):
     """The real embedded model as msa runs it by default (its Q4_1 weights in int4), loaded once;
     CLI commands in this process reuse it."""
-    from msa import runtime
+    from msa.engine import loading as runtime
 
     loaded, _ = runtime.load(EMBEDDED, cache=str(converted_models.parent))
     torch.set_num_threads(os.cpu_count() or 1)
@@ -68,7 +68,7 @@ def embedded(converted_models):
 def embedded_fp32(converted_models):
     """The embedded model with its weights dequantized to fp32 (`--quant none`), as transformers
     computes it."""
-    from msa import runtime
+    from msa.engine import loading as runtime
 
     loaded, _ = runtime.load(EMBEDDED, cache=str(converted_models.parent), quant="none")
     return loaded

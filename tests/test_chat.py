@@ -59,23 +59,22 @@ def test_scripted_chat_answers_each_line_and_runs_commands(embedded, doc, tmp_pa
 
 
 def test_turns_append_to_the_cache_and_match_a_fresh_read(embedded, doc):
-    from msa.ask import AskSettings
-    from msa.chat import ChatSession
-    from msa.context import read_context
-    from msa.generate import Generation, prefill
-    from msa.sampling import Sampler
+    from msa.commands.chat import LocalChat
+    from msa.engine import Model, Settings
+    from msa.engine.documents import read_context
+    from msa.engine.generate import Generation, prefill
+    from msa.engine.sampling import Sampler
 
-    session = ChatSession(
-        embedded,
-        read_context([str(doc)]),
-        AskSettings(max_tokens=6, show_progress=False, show_notes=False, prefix_cache=None),
+    session = Model(embedded).session(
+        read_context([str(doc)]), settings=Settings(max_tokens=6, sources=True)
     )
-    session.read_documents()
-    first = "".join(session.ask("Who was the first keeper?"))
+    chat = LocalChat(session)
+    chat.read_documents()
+    first = "".join(chat.ask("Who was the first keeper?"))
     before = list(session.seq)
     in_cache = session.cache.length
-    second = "".join(session.ask("When did the last keeper leave?"))
-    turn = session.turns[-1]
+    second = "".join(chat.ask("When did the last keeper leave?"))
+    turn = chat.turns[-1]
     added = len(session.seq) - len(before) - turn.timings.generated_tokens
     # turn 2 read only what turn 1 left unread (its last answer token) and its own question
     assert turn.timings.prefill_tokens == len(before) - in_cache + added
@@ -96,10 +95,8 @@ def test_turns_append_to_the_cache_and_match_a_fresh_read(embedded, doc):
         )
     )
     assert embedded.tokenizer.decode(again) == second
-    session.reset()
-    assert (
-        session.cache.length == session.context_length == len(session.seq) and session.turns == []
-    )
+    chat.reset()
+    assert session.cache.length == session.context_length == len(session.seq) and chat.turns == []
     assert torch.equal(session.cache.k[0][:, :4], fresh.k[0][:, :4])
 
 
@@ -131,16 +128,16 @@ def test_the_repl_keeps_history_and_leaves_on_ctrl_d(embedded, doc, capsys):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from msa.ask import AskSettings
-    from msa.chat import ChatSession
-    from msa.context import read_context
-    from msa.conversation import run_repl
-    from msa.paths import data_dir
+    from msa.commands.chat import LocalChat
+    from msa.commands.repl import run_repl
+    from msa.engine import Model, Settings
+    from msa.engine.documents import read_context
+    from msa.engine.paths import data_dir
 
-    session = ChatSession(
-        embedded,
-        read_context([str(doc)]),
-        AskSettings(max_tokens=2, show_progress=False, show_notes=False, prefix_cache=None),
+    session = LocalChat(
+        Model(embedded).session(
+            read_context([str(doc)]), settings=Settings(max_tokens=2, sources=True)
+        )
     )
     session.read_documents()
     history = data_dir() / "chat_history"

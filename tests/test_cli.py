@@ -120,7 +120,7 @@ def test_unknown_model_exits_4(run):
 def test_missing_embedded_package_says_how_to_install(run, monkeypatch):
     import importlib.util
 
-    from msa import runtime
+    from msa.engine import loading as runtime
 
     monkeypatch.setattr(runtime, "_loaded", {})
     real = importlib.util.find_spec
@@ -149,23 +149,23 @@ def test_usage_error_exits_2(run):
 
 
 def test_interrupt_exits_130(run, monkeypatch):
-    from msa import ask
+    from msa.engine import generate
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ask, "prefill", interrupted)
+    monkeypatch.setattr(generate, "prefill_chunks", interrupted)
     result = run("ask", EXAMPLE, "q")
     assert result.exit_code == 130 and "interrupted" in result.stderr
 
 
 def test_internal_error_exits_1_with_one_line(run, monkeypatch):
-    from msa import ask
+    from msa.engine import generate
 
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ask, "prefill", broken)
+    monkeypatch.setattr(generate, "prefill_chunks", broken)
     result = run("ask", EXAMPLE, "q")
     assert result.exit_code == 1
     assert (

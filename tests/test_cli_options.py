@@ -129,9 +129,9 @@ def test_verbose_chat_prints_each_answers_figures(embedded, notes):
 def test_the_summary_estimates_the_time_from_the_last_read_and_records_this_one(
     embedded, notes, isolated_home
 ):
-    from msa.context import read_context
-    from msa.prompt import build_prompt
-    from msa.read_speed import FILE_NAME, duration
+    from msa.engine.documents import read_context
+    from msa.engine.prompt import build_prompt
+    from msa.engine.read_speed import FILE_NAME, duration
 
     speeds = isolated_home / ".cache" / "msa" / FILE_NAME
     key = f"smollm2-135m:{embedded.digest[:16]}:2t:auto"
@@ -152,7 +152,7 @@ def test_the_summary_estimates_the_time_from_the_last_read_and_records_this_one(
 
 @pytest.mark.slow
 def test_a_long_single_document_gets_the_summary_too(embedded, tmp_path, monkeypatch):
-    from msa import ask
+    from msa.commands import ask
 
     doc = tmp_path / "doc.txt"
     doc.write_text("The tower has 112 steps.\n" * 10)
@@ -164,7 +164,7 @@ def test_a_long_single_document_gets_the_summary_too(embedded, tmp_path, monkeyp
 
 
 def test_duration_reads_like_a_person_would_say_it():
-    from msa.read_speed import duration
+    from msa.engine.read_speed import duration
 
     assert [duration(s) for s in (0.2, 4.4, 60, 80, 3599, 3600, 7500)] == [
         "1 s",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from msa.context import header, read_context
+from msa.engine.documents import header, read_context
 from msa.models.errors import InputError
 
 

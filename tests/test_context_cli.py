@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.context import header
+from msa.engine.documents import header
 
 pytestmark = pytest.mark.slow
 

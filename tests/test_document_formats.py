@@ -11,8 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.context import read_context
-from msa.documents import read_document
+from msa.engine.documents import read_context, read_document
 from msa.models.errors import InputError
 
 pytest.importorskip("pypdf")
@@ -183,8 +182,8 @@ def test_without_the_extra_a_directory_skips_documents_with_one_warning_each(
 
 
 def test_a_source_names_its_page_and_a_block_across_two_pages_is_a_part_in_each(tmp_path):
-    from msa.prompt import Prompt
-    from msa.sources import _block_sources
+    from msa.engine.prompt import Prompt
+    from msa.engine.sources import _block_sources
 
     path = write_pdf(tmp_path / "book.pdf", ["one\ntwo", "three"])
     context = read_context([str(path)])

@@ -170,7 +170,7 @@ def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
 @pytest.mark.parametrize("mode", ["auto", "msa"])
 def test_embedded_model_answers_alike_fused_and_per_op(embedded, mode):
     """Greedy decoding of the real model: the same tokens either way, dense and MSA."""
-    from msa.generate import prefill
+    from msa.engine.generate import prefill
 
     model, tok = embedded.model, embedded.tokenizer
     assert model.prepare_decode() is None

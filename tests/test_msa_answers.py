@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from msa.evals import ANSWER_TOKENS, QUESTION, passkey_document
-from msa.generate import Generation, prefill
+from msa.engine.generate import Generation, prefill
+from msa.engine.passkey import ANSWER_TOKENS, QUESTION, passkey_document
+from msa.engine.prompt import build_prompt
+from msa.engine.sampling import Sampler
 from msa.models.attention_settings import AttentionSettings
-from msa.prompt import build_prompt
-from msa.sampling import Sampler
 
 pytestmark = pytest.mark.slow
 

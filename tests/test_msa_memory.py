@@ -20,8 +20,8 @@ import pytest
 CHILD = textwrap.dedent("""
     import sys, tempfile, torch
     from msa.models import ModelConfig, Transformer
-    from msa.bench import anon_rss_mb
-    from msa.generate import prefill
+    from msa.engine.bench import anon_rss_mb
+    from msa.engine.generate import prefill
 
     n_tokens, in_files = int(sys.argv[1]), sys.argv[2] == "files"
     torch.manual_seed(0)

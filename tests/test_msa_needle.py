@@ -1,6 +1,6 @@
 """With the embedded model, the question's tokens select the block of a planted needle.
 
-A pass key is planted in filler text (msa.evals, the `msa eval passkey` document); the
+A pass key is planted in filler text (msa.engine.passkey, the `msa eval passkey` document); the
 document is read with the default attention (dense, then MSA), and while the question is read,
 each layer's selection for the question's last query block is taken from the real queries and
 the cache's block summaries, exactly as the attention takes it.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from msa.evals import QUESTION, passkey_document
-from msa.generate import prefill
+from msa.engine.generate import prefill
+from msa.engine.passkey import QUESTION, passkey_document
+from msa.engine.prompt import build_prompt
 from msa.models.attention_settings import AttentionSettings
 from msa.models.msa import _select
-from msa.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
 

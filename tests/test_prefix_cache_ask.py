@@ -12,12 +12,12 @@ from conftest import assert_close
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.ask import AskSettings, open_prefix_cache, prefill_prompt
-from msa.documents import Document
+from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
+from msa.engine.prefix_cache.keys import FORMAT_VERSION
+from msa.engine.prompt import build_prompt
+from msa.engine.reading import open_prefix_cache, prefill_prompt
+from msa.engine.session import Settings
 from msa.models.attention_settings import AttentionSettings
-from msa.prefix_cache import BlockStore, CacheOptions, ChainIndex, format_size
-from msa.prefix_cache.keys import FORMAT_VERSION
-from msa.prompt import build_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +65,11 @@ def stored_for(loaded, path: Path, text: str, question: str, root: Path):
     """The PrefixCache `msa ask` opens for this document (its keys name the block files)."""
     prompt = build_prompt(loaded.tokenizer, text, question)
     cache = loaded.model.new_cache(capacity=len(prompt.ids))
-    settings = AskSettings(prefix_cache=CacheOptions(root))
+    settings = Settings(prefix_cache=CacheOptions(root))
     return (
         prompt,
         cache,
-        open_prefix_cache(loaded, cache, prompt, Document(str(path), text), settings),
+        open_prefix_cache(loaded, cache, prompt, str(path), settings),
     )
 
 
@@ -175,7 +175,7 @@ def test_under_msa_a_restored_document_gives_the_same_logits_and_answer(
     path.write_text(logbook(90))
     text = path.read_text()
     prompt = build_prompt(embedded.tokenizer, text, QUESTION)
-    settings = AskSettings(
+    settings = Settings(
         prefix_cache=CacheOptions(prefix_root(isolated_home)),
         attention=AttentionSettings(mode=attention),
     )
@@ -188,7 +188,7 @@ def test_under_msa_a_restored_document_gives_the_same_logits_and_answer(
 
     def logits(*, cached: bool):
         cache = embedded.model.new_cache(capacity=len(prompt.ids), settings=settings.attention)
-        stored = open_prefix_cache(embedded, cache, prompt, Document(str(path), text), settings)
+        stored = open_prefix_cache(embedded, cache, prompt, str(path), settings)
         stored = stored if cached else None
         assert (stored.restore(cache) if stored else 0) == (prompt.context_length if cached else 0)
         return prefill_prompt(embedded.model, cache, prompt, stored)
@@ -315,7 +315,7 @@ def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_fr
     int8_bytes = ChainIndex(BlockStore(root)).disk_bytes() - full_bytes
     assert int8_bytes < 0.3 * full_bytes  # int8 codes + a scale per row, vs fp32 rows
     # logits from the restored int8 blocks equal those of a cold int8 prefill, bit for bit
-    settings = AskSettings(
+    settings = Settings(
         prefix_cache=CacheOptions(root), attention=AttentionSettings(kv_dtype="int8")
     )
     text = source.read_text()
@@ -324,9 +324,7 @@ def test_int8_kv_is_its_own_chain_a_quarter_of_the_bytes_and_answers_the_same_fr
         prompt = build_prompt(embedded.tokenizer, text, QUESTION)
         cache = embedded.model.new_cache(capacity=len(prompt.ids), settings=settings.attention)
         stored = (
-            open_prefix_cache(embedded, cache, prompt, Document(str(source), text), settings)
-            if cached
-            else None
+            open_prefix_cache(embedded, cache, prompt, str(source), settings) if cached else None
         )
         assert (stored.restore(cache) if stored else 0) == (207 if cached else 0)
         return prefill_prompt(embedded.model, cache, prompt, stored)

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.prefix_cache import BlockStore, ChainIndex, format_size
-from msa.prefix_cache.keys import FORMAT_VERSION
+from msa.engine.prefix_cache import BlockStore, ChainIndex, format_size
+from msa.engine.prefix_cache.keys import FORMAT_VERSION
 
 pytestmark = pytest.mark.slow
 

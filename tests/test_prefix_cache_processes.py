@@ -14,10 +14,10 @@ from processes import LIMIT_S, start_msa, wait_until
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.ask import AskSettings, open_prefix_cache, prefill_prompt
-from msa.documents import Document
-from msa.prefix_cache import BlockStore, CacheOptions, ChainIndex
-from msa.prompt import build_prompt
+from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex
+from msa.engine.prompt import build_prompt
+from msa.engine.reading import open_prefix_cache, prefill_prompt
+from msa.engine.session import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,8 @@ def test_two_processes_at_once_then_a_restart_give_the_same_answer_and_logits(
         embedded,
         cache,
         prompt,
-        Document(str(path), path.read_text()),
-        AskSettings(prefix_cache=CacheOptions(root, read_only=True)),
+        str(path),
+        Settings(prefix_cache=CacheOptions(root, read_only=True)),
     )
     assert chain.blocks == [bk.key for bk in stored.keys] and len(chain.blocks) == 3
     assert sorted(key for key, _, _ in index.store.files()) == sorted(chain.blocks)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from msa.prefix_cache import (
+from msa.engine.prefix_cache import (
     BadBlock,
     BlockStore,
     CacheError,
@@ -19,8 +19,8 @@ from msa.prefix_cache import (
     identity_hash,
     parse_size,
 )
-from msa.prefix_cache.keys import FORMAT_VERSION
-from msa.prefix_cache.sizes import budget_from_env, format_size
+from msa.engine.prefix_cache.keys import FORMAT_VERSION
+from msa.engine.prefix_cache.sizes import budget_from_env, format_size
 
 ROOT = identity_hash({"model": "m", "attention": {"mode": "dense"}})
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from msa.engine.prompt import build_prompt, prompt_from_messages, split_user_message, user_message
 from msa.models.errors import InputError
-from msa.prompt import build_prompt, prompt_from_messages, split_user_message, user_message
 
 pytestmark = pytest.mark.slow
 

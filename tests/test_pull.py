@@ -17,7 +17,7 @@ from processes import LIMIT_S, start_msa, wait_until
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.prefix_cache import format_size
+from msa.engine.prefix_cache import format_size
 
 transformers = pytest.importorskip("transformers")
 

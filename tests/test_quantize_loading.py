@@ -167,7 +167,7 @@ def test_quantize_writes_a_copy_that_loads_by_name(run, q4_gguf, tmp_path):
     listed = {row["name"]: row for row in json.loads(run("models", "--json").stdout)}
     assert listed["tiny-int4"]["installed"] and listed["tiny-int4"]["size_bytes"] > 0
 
-    from msa.paths import quantized_models_dir
+    from msa.engine.paths import quantized_models_dir
 
     copy_ = load_model("tiny-int4", quantized_root=quantized_models_dir())
     on_load = load_model(str(q4_gguf), converted_root=None, quant="int4")
@@ -226,7 +226,7 @@ def test_quantize_and_load_errors(run, q4_gguf, tmp_path):
         and "load its base model tiny for floating-point weights" in result.stderr
     )
 
-    from msa.paths import quantized_models_dir
+    from msa.engine.paths import quantized_models_dir
 
     (quantized_models_dir() / "tiny-int8" / "model.safetensors").write_bytes(b"not safetensors")
     result = run("ask", doc, "q", "--model", "tiny-int8")

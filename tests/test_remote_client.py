@@ -16,9 +16,9 @@ from serving import serving
 from typer.testing import CliRunner
 
 from msa.app import app
+from msa.commands.remote_session import LOCAL_ONLY_SOURCES
+from msa.engine.prompt import build_prompt
 from msa.models.attention_settings import AttentionSettings
-from msa.prompt import build_prompt
-from msa.remote_commands import LOCAL_ONLY_SOURCES
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "harbor-town.txt"
 QUESTION = "What was the name of the first keeper?"

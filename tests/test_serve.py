@@ -19,10 +19,10 @@ from serving import serving
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.ask import AskSettings
+from msa.engine import Settings
+from msa.engine.prompt import build_prompt, user_message
 from msa.models.attention_settings import AttentionSettings
-from msa.prompt import build_prompt, user_message
-from msa.server.engine import Engine, Job
+from msa.server.worker import Job, Worker
 
 pytestmark = pytest.mark.slow
 
@@ -229,8 +229,8 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
             )
             third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=LIMIT_S)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
-            # leaving the `with` closes the stream mid-answer: the engine stops it and takes
-            # the next
+            # leaving the `with` closes the stream mid-answer: the worker stops it and takes the
+            # next
         second.join(timeout=LIMIT_S)
         assert waiting["response"].status_code == 200
         assert waiting["response"].json()["usage"]["completion_tokens"] <= 2
@@ -245,7 +245,7 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
 
 def test_a_cancelled_answer_stops_between_two_tokens(embedded):
     async def answer_then_cancel():
-        engine = Engine(embedded, AskSettings(show_progress=False, show_notes=False), queue_size=1)
+        engine = Worker(embedded, Settings(), queue_size=1)
         engine.start()
         try:
             job = Job(
@@ -265,7 +265,7 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
             rest = []
             while not job.events.empty():
                 rest.append(job.events.get_nowait()[0])
-            return started, first, rest, answer.timings.generated_tokens
+            return started, first, rest, answer.generated_tokens
         finally:
             await asyncio.to_thread(engine.stop)
 

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.context import read_context
-from msa.prompt import Prompt
-from msa.sources import _block_sources
+from msa.engine.documents import read_context
+from msa.engine.prompt import Prompt
+from msa.engine.sources import _block_sources
 
 TOPICS = [
     "The river {n} rises in the hills above {p} and runs for {k} kilometres before it reaches "

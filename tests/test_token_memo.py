@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from msa.prefix_cache import tokens as token_files
-from msa.prefix_cache.tokens import TokenMemo
-from msa.prompt import build_prompt
+from msa.engine.prefix_cache import tokens as token_files
+from msa.engine.prefix_cache.tokens import TokenMemo
+from msa.engine.prompt import build_prompt
 
 QUESTION = "Who keeps the lighthouse?"
 

@@ -17,14 +17,14 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .chat_request import ApiError, ChatRequest, parse_chat_request
-from .engine import BadPrompt, Engine, Job, QueueFull
+from .worker import BadPrompt, Job, QueueFull, Worker
 
 
 def create_app(
-    engine: Engine, *, api_key: str | None, max_request_bytes: int, max_tokens: int
+    worker: Worker, *, api_key: str | None, max_request_bytes: int, max_tokens: int
 ) -> Starlette:
-    """The server's application; `engine` is started and stopped with it."""
-    model = engine.loaded.name
+    """The server's application; `worker` is started and stopped with it."""
+    model = worker.loaded.name
     started = int(time.time())
 
     def guarded(handler):
@@ -50,8 +50,8 @@ def create_app(
                 "status": "ok",
                 "model": model,
                 "model_loaded": True,
-                "busy": engine.busy,
-                "queue_depth": engine.waiting,
+                "busy": worker.busy,
+                "queue_depth": worker.waiting,
             }
         )
 
@@ -78,7 +78,7 @@ def create_app(
             loop=asyncio.get_running_loop(),
         )
         try:
-            engine.submit(job)
+            worker.submit(job)
         except QueueFull:
             raise ApiError(
                 503,
@@ -105,17 +105,17 @@ def create_app(
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
         exception_handlers={ApiError: _error_response, HTTPException: _http_error_response},
-        lifespan=functools.partial(_engine_running, engine),
+        lifespan=functools.partial(_worker_running, worker),
     )
 
 
 @contextlib.asynccontextmanager
-async def _engine_running(engine: Engine, app):
-    engine.start()
+async def _worker_running(worker: Worker, app):
+    worker.start()
     try:
         yield
     finally:
-        await asyncio.to_thread(engine.stop)
+        await asyncio.to_thread(worker.stop)
 
 
 def _key_matches(request: Request, api_key: str) -> bool:
@@ -163,10 +163,11 @@ async def _http_error_response(request: Request, error: HTTPException) -> JSONRe
 
 
 class _Completion:
-    """One answer in OpenAI's shapes: a chat.completion, or a stream of chat.completion.chunk events."""
+    """One answer in OpenAI's shapes: a chat.completion, or a stream of chat.completion.chunk
+    events."""
 
-    def __init__(self, model: str, chat: ChatRequest, answer):
-        self.model, self.chat, self.answer = model, chat, answer
+    def __init__(self, model: str, chat: ChatRequest, usage):
+        self.model, self.chat, self.usage = model, chat, usage  # the engine's `Usage`, filling in
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -187,7 +188,8 @@ class _Completion:
         }
 
     async def stream(self, job: Job):
-        """Server-sent events; when the client goes away mid-answer, the engine stops that answer."""
+        """Server-sent events; when the client goes away mid-answer, the engine stops that
+        answer."""
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             try:
@@ -227,16 +229,17 @@ class _Completion:
         )
 
     def _finish_reason(self) -> str:
-        # "context": the model's context is full (dense attention), which OpenAI's API calls "length"
-        return "stop" if self.answer.timings.finish_reason == "stop" else "length"
+        # "context": the model's context is full (dense attention), which OpenAI's API calls
+        # "length"
+        return "stop" if self.usage.finish_reason == "stop" else "length"
 
     def _usage(self) -> dict:
-        a = self.answer
+        u = self.usage
         return {
-            "prompt_tokens": a.prompt_tokens,
-            "completion_tokens": a.timings.generated_tokens,
-            "total_tokens": a.prompt_tokens + a.timings.generated_tokens,
-            "prompt_tokens_details": {"cached_tokens": a.cached_tokens},
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.generated_tokens,
+            "total_tokens": u.prompt_tokens + u.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         }
 
 

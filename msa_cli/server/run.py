@@ -40,23 +40,15 @@ def make_app(
     max_tokens: int,
 ):
     """The application `msa serve` runs: `loaded` answers, with the prefix cache of `cache_dir`."""
-    from ..ask import AskSettings
-    from ..paths import cache_dir as resolve_cache_dir
-    from ..prefix_cache import CacheOptions, budget_from_env, prefix_dir
+    from ..engine import Model
     from .api import create_app
-    from .engine import Engine
+    from .worker import Worker
 
-    root = resolve_cache_dir(cache_dir)
-    prefix_cache = None if no_cache else CacheOptions(prefix_dir(root), max_bytes=budget_from_env())
-    settings = AskSettings(
-        show_progress=False,
-        show_notes=False,
-        attention=attention,
-        prefix_cache=prefix_cache,
-        kv_spill_dir=root / "kv",
+    settings = Model(loaded, cache_dir=cache_dir).settings(
+        attention=attention, prefix_cache=not no_cache, speed_dir=None
     )
     return create_app(
-        Engine(loaded, settings, queue_size=queue_size),
+        Worker(loaded, settings, queue_size=queue_size),
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         max_tokens=max_tokens,
@@ -72,7 +64,8 @@ def uvicorn_server(app):
 
 
 def serve_until_stopped(app, sock: socket.socket) -> None:
-    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises the
+    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises
+    the
     signal again; Ctrl-C is how a server is meant to stop, so it ends the command without error."""
     try:
         uvicorn_server(app).run(sockets=[sock])

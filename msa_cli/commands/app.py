@@ -1,0 +1,53 @@
+"""The `msa` command: the root Typer app, which registers each command group's module."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import __version__
+from .ask import ask
+from .bench import bench_app
+from .cache import cache_app
+from .chat import chat
+from .errors import EXIT_CODES_HELP, OneLineUsageGroup
+from .eval import eval_app
+from .models import models_app, pull, quantize
+from .serve import serve
+
+app = typer.Typer(
+    name="msa",
+    cls=OneLineUsageGroup,
+    help="Ask questions about very long documents, on your own machine.\n\n" + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(bench_app, name="bench")
+app.add_typer(eval_app, name="eval")
+app.add_typer(cache_app, name="cache")
+app.command(epilog=EXIT_CODES_HELP)(ask)
+app.command(epilog=EXIT_CODES_HELP)(chat)
+app.add_typer(models_app, name="models")
+app.command(epilog=EXIT_CODES_HELP)(pull)
+app.command("quantize", epilog=EXIT_CODES_HELP)(quantize)
+app.command(epilog=EXIT_CODES_HELP)(serve)
+
+
+def _version(value: bool):
+    if value:
+        print(f"msa {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+):
+    pass
+
+
+def main() -> None:
+    app(prog_name="msa")

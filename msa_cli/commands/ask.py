@@ -1,0 +1,190 @@
+"""`msa ask`: one document (or several files joined), one question, one streamed answer."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import typer
+
+from .errors import reports_errors
+from .options import (
+    ApiKeyOption,
+    AttentionOption,
+    BlockSizeOption,
+    CacheDirOption,
+    CacheRoOption,
+    DtypeOption,
+    HiddenOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    MaxTokensOption,
+    ModelOption,
+    NoCacheOption,
+    QuantOption,
+    QuietOption,
+    SeedOption,
+    ServerOption,
+    SystemOption,
+    TemperatureOption,
+    ThreadsOption,
+    TimeoutOption,
+    TopkOption,
+    TopPOption,
+    VerboseOption,
+    attention_settings,
+    check_precision,
+    check_top_p,
+    check_verbosity,
+)
+
+LONG_READ_TOKENS = 4096  # a single document this long (to read) gets the summary line too
+
+
+@reports_errors
+def ask(
+    args: list[str] = typer.Argument(
+        ...,
+        metavar="PATH... QUESTION",
+        help="Text files or directories (- reads stdin), then the question.",
+    ),
+    model: str = ModelOption,
+    max_tokens: int = MaxTokensOption,
+    temperature: float = TemperatureOption,
+    top_p: float = TopPOption,
+    seed: int | None = SeedOption,
+    system: str | None = SystemOption,
+    threads: int | None = ThreadsOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object with the answer and figures, at the end."
+    ),
+    quiet: bool = QuietOption,
+    verbose: bool = VerboseOption,
+    cache_dir: str | None = CacheDirOption,
+    no_cache: bool = NoCacheOption,
+    cache_ro: bool = CacheRoOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: int | None = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    kv_dtype: str = KvDtypeOption,
+    sources: bool = typer.Option(
+        False,
+        "--sources",
+        help="After the answer, list the passages the model read (file, lines, score).",
+    ),
+    hidden: bool = HiddenOption,
+    server: str | None = ServerOption,
+    api_key: str | None = ApiKeyOption,
+    timeout: float = TimeoutOption,
+    quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
+):
+    """Answer a question about a document, streaming the answer to stdout.
+
+    Several files, or a directory (walked with .gitignore honoured), are read as one document,
+    each file under a header line with its path.
+
+    The K/V of the document is kept in the prefix cache (budget: MSA_CACHE_MAX, default 10G), so
+    the next question about the same document reads only the question.
+    """
+    import psutil
+
+    from ..engine.documents import read_context
+    from .output import quiet_or_note
+
+    started_at = psutil.Process().create_time()  # time to first token counts from the start
+    check_verbosity(quiet, verbose)
+    if len(args) < 2:
+        raise typer.BadParameter(
+            "give at least one PATH and a QUESTION", param_hint="PATH... QUESTION"
+        )
+    paths, question = args[:-1], args[-1]
+    check_top_p(top_p)
+    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    check_precision(quant, dtype)
+    if server and sources:
+        raise typer.BadParameter(
+            "needs the local engine: leave out --server to list sources", param_hint="--sources"
+        )
+    document = read_context(paths, hidden=hidden, warn=quiet_or_note(quiet))
+    if server:  # before the local engine's imports: a client does not load PyTorch
+        from .remote_session import Sampling, ask_remote, connect
+
+        remote, served_model = connect(server, api_key, timeout, model)
+        ask_remote(
+            remote,
+            served_model,
+            document,
+            question,
+            Sampling(max_tokens, temperature, top_p, seed, system),
+            json_out=json_out,
+            started_at=started_at,
+        )
+        return
+    from .local import local_model
+
+    loaded = local_model(
+        model, cache_dir, threads, quant, dtype, verbose, attention_, quiet=quiet or json_out
+    )
+    session = loaded.session(
+        document,
+        attention=attention_,
+        prefix_cache=not no_cache,
+        cache_read_only=cache_ro,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        system=system,
+        sources=sources,
+        note=quiet_or_note(quiet or json_out),
+    )
+    _answer(session, question, loaded.load_s, started_at, json_out, quiet, verbose)
+
+
+def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> None:
+    from .output import answer_figures, drawn, note, reading_summary, write_stdout
+
+    def summary(reading) -> None:
+        long = reading.joined or reading.prefill_tokens >= LONG_READ_TOKENS
+        if not (quiet or json_out) and long:
+            note(reading_summary(reading))
+
+    text, found, usage = "", None, None
+    for event in drawn(session.ask(question), progress=not (quiet or json_out), on_reading=summary):
+        if event.kind == "text":
+            text += event.text
+            if not json_out:
+                write_stdout(event.text)
+        elif event.kind == "sources":
+            found = event.sources
+        elif event.kind == "done":
+            usage = event.usage
+    if verbose:
+        note(answer_figures(usage))
+    if json_out:
+        extra = {} if found is None else {"sources": [s.as_json() for s in found]}
+        print(
+            json.dumps(
+                {
+                    "answer": text,
+                    "model": session.loaded.name,
+                    "prompt_tokens": usage.prompt_tokens,
+                    "cached_tokens": usage.cached_tokens,
+                    "prefill_tokens": usage.prefill_tokens,
+                    "generated_tokens": usage.generated_tokens,
+                    "finish_reason": usage.finish_reason,
+                    "load_s": round(load_s, 4),
+                    "ttft_s": round((usage.first_token_at or time.time()) - started_at, 4),
+                    "prefill_tok_s": round(usage.prefill_tok_s, 2),
+                    "decode_tok_s": round(usage.decode_tok_s, 2),
+                    **extra,
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        write_stdout("\n")
+        if found is not None:
+            write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in found))

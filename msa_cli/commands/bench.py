@@ -1,0 +1,132 @@
+"""`msa bench e2e` and `msa bench attention`: speed, as tables or JSON."""
+
+from __future__ import annotations
+
+import typer
+
+from .errors import reports_errors
+from .options import (
+    AttentionOption,
+    BlockSizeOption,
+    CacheDirOption,
+    DtypeOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    ModelOption,
+    QuantOption,
+    ThreadsOption,
+    TopkOption,
+    attention_settings,
+    check_precision,
+    parse_lengths,
+)
+
+bench_app = typer.Typer(help="Measure speed.", no_args_is_help=True)
+
+
+@bench_app.command("e2e")
+@reports_errors
+def bench_e2e(
+    length: str = typer.Option(
+        "512,2k,8k", "--length", "-l", help="Context lengths, comma-separated; k and m suffixes."
+    ),
+    model: str = ModelOption,
+    decode_tokens: int = typer.Option(
+        32, "--decode-tokens", min=1, help="Tokens decoded after each prefill."
+    ),
+    threads: int | None = ThreadsOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per length."
+    ),
+    cache_dir: str | None = CacheDirOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: int | None = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    kv_dtype: str = KvDtypeOption,
+    quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
+):
+    """Prefill and decode speed of a model at each context length, and the process's peak memory.
+
+    For each length: prefill that many random tokens (in chunks of 512), then decode
+    --decode-tokens greedily. Tokens/s are wall-clock; peak_rss_mb is the process's peak
+    resident memory so far (weights, KV cache and work buffers).
+    """
+    from ..engine.bench import run_e2e
+    from ..engine.loading import load, set_threads
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from .output import note, print_rows
+
+    lengths = parse_lengths(length)
+    settings = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    check_precision(quant, dtype)
+    n_threads = set_threads(threads)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
+
+    rows = run_e2e(
+        loaded,
+        lengths,
+        decode_tokens=decode_tokens,
+        settings=settings,
+        spill_dir=resolve_cache_dir(cache_dir) / "kv",
+    )
+    for row in rows:
+        row.update(model=loaded.name, weights=loaded.weights, threads=n_threads)
+    print_rows(
+        rows,
+        json_out,
+        f"msa bench e2e: {loaded.name}, {loaded.weights} weights, "
+        f"{attention} attention, {n_threads} threads",
+    )
+
+
+@bench_app.command("attention")
+@reports_errors
+def bench_attention(
+    length: str = typer.Option(
+        "8k,32k,128k,1m", "--length", "-l", help="Numbers of cached tokens; k and m suffixes."
+    ),
+    topk: int = TopkOption,
+    block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
+    local_blocks: int = typer.Option(
+        1, "--local-blocks", min=1, help="Most recent blocks always attended."
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda for the Triton kernels."),
+    repeats: int = typer.Option(
+        5, "--repeats", min=1, help="Timed runs per op; the median is reported."
+    ),
+    threads: int | None = ThreadsOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per length."
+    ),
+):
+    """One decode step of one layer's attention (the embedded model's shapes), dense against MSA."""
+    import torch
+
+    from ..engine.bench import run_attention
+    from ..engine.loading import set_threads
+    from .output import print_rows
+
+    lengths = parse_lengths(length)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA device here", param_hint="--device")
+    n_threads = set_threads(threads)
+    rows = run_attention(
+        lengths,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        block_size=block_size,
+        topk=topk,
+        local_blocks=local_blocks,
+        sink_blocks=1,
+        device=device,
+        repeats=repeats,
+    )
+    print_rows(
+        rows,
+        json_out,
+        f"msa bench attention: 9 query heads, 3 KV heads, head_dim 64, {device}, {n_threads} "
+        "threads",
+    )

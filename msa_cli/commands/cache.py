@@ -1,0 +1,160 @@
+"""`msa cache`: list, inspect and trim the prefix cache (K/V blocks of documents already read)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import typer
+
+from .errors import reports_errors
+
+cache_app = typer.Typer(
+    help="The prefix cache: K/V blocks of the documents already read.", no_args_is_help=True
+)
+
+CacheDirOption = typer.Option(
+    None,
+    "--cache-dir",
+    envvar="MSA_CACHE_DIR",
+    show_envvar=True,
+    help="msa's cache directory; the prefix cache is its prefix/ folder. "
+    "[default: $XDG_CACHE_HOME/msa]",
+)
+
+
+def _index(cache_dir: str | None):
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.prefix_cache import BlockStore, ChainIndex, prefix_dir
+
+    return ChainIndex(BlockStore(prefix_dir(resolve_cache_dir(cache_dir))))
+
+
+def _time(t: float) -> str:
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+@cache_app.command("ls")
+@reports_errors
+def ls(
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per document."
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
+    """One line per cached document: id, source, tokens, size, last used (most recent first)."""
+    from ..engine.prefix_cache import format_size
+
+    index = _index(cache_dir)
+    rows = []
+    for chain in sorted(index.all(), key=lambda c: c.last_used, reverse=True):
+        rows.append(
+            {
+                "id": chain.id,
+                "source": chain.source,
+                "model": chain.model,
+                "tokens": chain.tokens,
+                "cached_tokens": index.cached_tokens(chain),
+                "blocks": len(chain.blocks),
+                "bytes": index.chain_bytes(chain),
+                "created": _time(chain.created),
+                "last_used": _time(chain.last_used),
+            }
+        )
+    if json_out:
+        print(json.dumps(rows, ensure_ascii=False))
+        return
+    if not rows:
+        print(f"no cached documents in {index.store.root}")
+        return
+    print(f"{'ID':16}  {'TOKENS':>13}  {'SIZE':>9}  {'LAST USED':16}  SOURCE")
+    for r in rows:
+        tokens = (
+            f"{r['tokens']:,}"
+            if r["cached_tokens"] == r["tokens"]
+            else f"{r['cached_tokens']:,}/{r['tokens']:,}"
+        )
+        used = datetime.fromisoformat(r["last_used"]).strftime("%Y-%m-%d %H:%M")
+        print(f"{r['id']:16}  {tokens:>13}  {format_size(r['bytes']):>9}  {used:16}  {r['source']}")
+
+
+@cache_app.command("info")
+@reports_errors
+def info(cache_dir: str | None = CacheDirOption):
+    """Where the prefix cache is, its budget and what it holds."""
+    from ..engine.prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
+
+    index = _index(cache_dir)
+    chains = index.all()
+    uses = index.counts()
+    blocks = [key for key, _, _ in index.store.files() if key is not None]
+    print(f"directory  {index.store.root}")
+    print(f"format     {FORMAT_VERSION}")
+    print(f"budget     {format_size(budget_from_env())} ({BUDGET_ENV})")
+    print(f"size       {format_size(index.disk_bytes())}")
+    print(f"documents  {len(chains)}")
+    print(
+        f"blocks     {len(blocks)} ({sum(1 for key in blocks if uses[key] > 1)} shared by several "
+        "documents)"
+    )
+
+
+@cache_app.command("rm")
+@reports_errors
+def rm(
+    chain_id: str = typer.Argument(
+        ..., metavar="ID", help="A document's id from `msa cache ls` (a unique prefix will do)."
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
+    """Remove one document; blocks it shares with other documents stay."""
+    from ..engine.prefix_cache import format_size
+
+    index = _index(cache_dir)
+    with index.store.lock():
+        chain = index.find(chain_id)
+        freed = index.remove(chain, others=index.all())
+    print(f"removed {chain.id} ({chain.source}), freed {format_size(freed)}")
+
+
+@cache_app.command("prune")
+@reports_errors
+def prune(
+    max_size: str | None = typer.Option(
+        None,
+        "--max-size",
+        help="Keep at most this much, e.g. 500M or 10G. [default: MSA_CACHE_MAX, else 10G]",
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
+    """Remove the least recently used documents until the cache fits SIZE."""
+    from ..engine.prefix_cache import budget_from_env, format_size, parse_size
+
+    budget = parse_size(max_size, what="--max-size") if max_size is not None else budget_from_env()
+    index = _index(cache_dir)
+    with index.store.lock():
+        before, n_before = index.disk_bytes(), len(index.all())
+        index.evict(budget)
+        after, n_after = index.disk_bytes(), len(index.all())
+    removed = n_before - n_after
+    print(
+        f"removed {removed} document{'' if removed == 1 else 's'}, "
+        f"freed {format_size(before - after)}; "
+        f"the cache holds {format_size(after)} (budget {format_size(budget)})"
+    )
+
+
+@cache_app.command("clear")
+@reports_errors
+def clear(cache_dir: str | None = CacheDirOption):
+    """Remove every cached document (converted models stay)."""
+    import shutil
+
+    from ..engine.prefix_cache import format_size
+
+    index = _index(cache_dir)
+    with index.store.lock():
+        freed = index.disk_bytes()
+        for folder in (index.store.blocks_dir, index.dir, index.store.root / "tokens"):
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"cleared {index.store.root}, freed {format_size(freed)}")

@@ -1,0 +1,46 @@
+"""The local engine as ask and chat start it: threads, the model, --verbose's line about both."""
+
+from __future__ import annotations
+
+from .output import note
+
+
+def local_model(
+    model: str,
+    cache_dir,
+    threads: int | None,
+    quant: str | None,
+    dtype: str,
+    verbose: bool,
+    attention,
+    *,
+    quiet: bool = False,
+):
+    """The engine's `Model` for --model, loaded on all cores unless --threads says otherwise."""
+    from ..engine import load
+    from ..engine.loading import set_threads
+
+    n_threads = set_threads(threads)
+    loaded = load(
+        model, quant=quant, dtype=dtype, cache_dir=cache_dir, note=None if quiet else note
+    )
+    if verbose:
+        note(_model_line(loaded.loaded, loaded.load_s, n_threads, attention))
+    return loaded
+
+
+def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
+    """--verbose: which model, from where, and the settings that shape reading."""
+    block = attention.block_size or "the model's"
+    decode = (
+        "in one fused CPU step"
+        if loaded.per_op_reason is None
+        else f"op by op ({loaded.per_op_reason})"
+    )
+    return (
+        f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "
+        f"loaded in {load_s:.2f} s; {n_threads} threads; "
+        f"attention {attention.mode}, top-k {attention.topk}, block size {block}, "
+        f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
+        f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}"
+    )

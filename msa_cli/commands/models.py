@@ -1,0 +1,112 @@
+"""`msa models` (list, rm), `msa pull` and `msa quantize`: the model files on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from .errors import EXIT_CODES_HELP, reports_errors
+from .options import CacheDirOption, QuietOption
+
+models_app = typer.Typer(
+    help="Known models, installed or not; `msa models rm NAME` deletes one's files.",
+    invoke_without_command=True,
+)
+
+
+@models_app.callback()
+@reports_errors
+def models_command(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print a JSON array, one object per model."
+    ),
+):
+    """Known models: installed or not, size on disk, context length, source."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .model_list import model_rows, print_models
+
+    rows = model_rows()
+    if json_out:
+        print(json.dumps(rows))
+    else:
+        print_models(rows)
+
+
+@models_app.command("rm", epilog=EXIT_CODES_HELP)
+@reports_errors
+def models_rm(
+    name: str = typer.Argument(
+        ...,
+        metavar="NAME",
+        help="A pulled model (registry name or hub id owner/name), "
+        "or a model whose GGUF file msa converted (name or .gguf path).",
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
+    """Delete a pulled model's files, or the converted copy msa keeps of a GGUF model."""
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.paths import converted_models_dir
+    from ..engine.prefix_cache import format_size
+    from .model_removal import remove_model
+
+    for r in remove_model(name, converted_models_dir(resolve_cache_dir(cache_dir))):
+        print(f"removed {name}: {r.what}, {format_size(r.size_bytes)}, {r.path}")
+
+
+@reports_errors
+def pull(
+    model: str = typer.Argument(
+        ...,
+        metavar="MODEL",
+        help="A registry name (see `msa models`) or a Hugging Face repository id, owner/name.",
+    ),
+    quiet: bool = QuietOption,
+):
+    """Download a model from the Hugging Face hub (HF_ENDPOINT, default huggingface.co).
+
+    Only safetensors weights, config and tokenizer files are fetched, into the hub cache (HF_HOME);
+    an interrupted pull keeps the files it finished, and pulling again fetches the rest. Prints
+    the model's folder; afterwards `--model MODEL` loads it.
+    """
+    from .output import quiet_or_note
+    from .pull import pull as pull_model
+
+    folder = pull_model(model, quiet=quiet, note=quiet_or_note(quiet))
+    print(folder)
+
+
+@reports_errors
+def quantize(
+    model: str = typer.Argument(..., help="A model name, a .gguf file or a model directory."),
+    to: str = typer.Option(
+        ..., "--to", help="int8 (per output channel) or int4 (groups of 32, asymmetric)."
+    ),
+    cache_dir: str | None = CacheDirOption,
+):
+    """Write a quantized copy of MODEL, used as --model MODEL-int8 or MODEL-int4 and listed by msa
+    models.
+
+    The copy keeps the weights quantized on disk and in memory (the output head stays int8 in
+    int4 mode); a GGUF's Q4_1 weights go into int4 unchanged.
+    """
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.paths import converted_models_dir, quantized_models_dir
+    from ..engine.prefix_cache import format_size
+
+    if to not in ("int8", "int4"):
+        raise typer.BadParameter(f"{to!r} is not one of int8, int4", param_hint="--to")
+    from msa.models.loading import write_quantized
+
+    folder = write_quantized(
+        model,
+        to,
+        quantized_root=quantized_models_dir(),
+        converted_root=converted_models_dir(resolve_cache_dir(cache_dir)),
+    )
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    print(
+        f"wrote {folder.name} ({format_size(size)}) to {folder}; use it with --model {folder.name}"
+    )

@@ -1,0 +1,203 @@
+"""The options commands share, and the checks of their values (usage errors, exit 2)."""
+
+from __future__ import annotations
+
+import typer
+
+from msa.models.attention_settings import AttentionSettings  # a plain dataclass: no torch import
+
+DEFAULT_MODEL = (
+    "smollm2-135m"  # kept in step with msa.models.registry (not imported: --help stays instant)
+)
+
+ModelOption = typer.Option(
+    DEFAULT_MODEL,
+    "--model",
+    "-m",
+    envvar="MSA_MODEL",
+    show_envvar=True,
+    help="A model name (see README), a .gguf file or a model directory.",
+)
+ThreadsOption = typer.Option(
+    None,
+    "--threads",
+    "-t",
+    envvar="MSA_THREADS",
+    show_envvar=True,
+    min=1,
+    help="CPU threads. [default: all cores]",
+)
+CacheDirOption = typer.Option(
+    None,
+    "--cache-dir",
+    envvar="MSA_CACHE_DIR",
+    show_envvar=True,
+    help="Where msa keeps converted models and caches. [default: $XDG_CACHE_HOME/msa]",
+)
+
+
+MaxTokensOption = typer.Option(
+    256, "--max-tokens", "-n", min=1, help="Stop an answer after this many tokens."
+)
+TemperatureOption = typer.Option(
+    0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."
+)
+TopPOption = typer.Option(
+    1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0)."
+)
+SeedOption = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers.")
+SystemOption = typer.Option(
+    None, "--system", help="A system prompt in place of the model's default."
+)
+NoCacheOption = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache.")
+CacheRoOption = typer.Option(
+    False, "--cache-ro", help="Read the prefix cache, write nothing to it."
+)
+AttentionOption = typer.Option(
+    "auto",
+    "--attention",
+    envvar="MSA_ATTENTION",
+    show_envvar=True,
+    help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
+    "dense: every token reads every earlier one (up to the model's context); msa: block selection "
+    "throughout.",
+)
+TopkOption = typer.Option(
+    AttentionSettings.topk,
+    "--topk",
+    min=1,
+    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.",
+)
+BlockSizeOption = typer.Option(
+    None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]"
+)
+LocalBlocksOption = typer.Option(
+    1, "--local-blocks", min=1, help="Most recent blocks every token reads."
+)
+KvDtypeOption = typer.Option(
+    "auto",
+    "--kv-dtype",
+    envvar="MSA_KV_DTYPE",
+    show_envvar=True,
+    help="auto: keys and values in the compute dtype; int8: rounded to int8 (one scale per token "
+    "and head), "
+    "so the prefix cache takes about a quarter of the disk.",
+)
+QuietOption = typer.Option(
+    False,
+    "--quiet",
+    "-q",
+    envvar="MSA_QUIET",
+    show_envvar=True,
+    help="Nothing on stderr but errors: no progress, notes or warnings.",
+)
+VerboseOption = typer.Option(
+    False,
+    "--verbose",
+    "-v",
+    envvar="MSA_VERBOSE",
+    show_envvar=True,
+    help="More on stderr: the model and settings used, and each answer's figures.",
+)
+QuantOption = typer.Option(
+    None,
+    "--quant",
+    envvar="MSA_QUANT",
+    show_envvar=True,
+    help="The weights' precision: int8 (per channel) or int4 (groups of 32), quantized on "
+    "load, or none (floating point). [default: as the file stores them: int4 for a GGUF "
+    "of Q4_1 weights such as the embedded model, else floating point]",
+)
+DtypeOption = typer.Option(
+    "fp32",
+    "--dtype",
+    envvar="MSA_DTYPE",
+    show_envvar=True,
+    help="Compute dtype: fp32, or bf16 (fast only on CPUs with bf16 units).",
+)
+HiddenOption = typer.Option(
+    False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
+)
+ServerOption = typer.Option(
+    None,
+    "--server",
+    envvar="MSA_SERVER",
+    show_envvar=True,
+    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of "
+    "the local "
+    "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, "
+    "--threads "
+    "and the cache options are then the server's business.",
+)
+ApiKeyOption = typer.Option(
+    None,
+    "--api-key",
+    envvar="MSA_API_KEY",
+    show_envvar=True,
+    help="The key the --server asks for (sent as 'Authorization: Bearer KEY').",
+)
+TimeoutOption = typer.Option(
+    600.0,
+    "--timeout",
+    min=0.001,
+    help="Seconds to wait for the --server to connect or to send its next bytes.",
+)
+
+
+def attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_dtype: str):
+    from msa.models.attention_settings import KV_DTYPES, MODES, AttentionSettings
+
+    if mode not in MODES:
+        raise typer.BadParameter(
+            f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention"
+        )
+    if kv_dtype not in KV_DTYPES:
+        raise typer.BadParameter(
+            f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}", param_hint="--kv-dtype"
+        )
+    return AttentionSettings(
+        mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks, kv_dtype=kv_dtype
+    )
+
+
+def check_precision(quant, dtype: str = "fp32") -> None:
+    # the lists of msa.models.quantize.MODES + loading.FLOAT and loading.DTYPES, written out:
+    # importing them would import PyTorch, which a --server client never needs
+    if quant is not None and quant not in ("int8", "int4", "none"):
+        raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
+    if dtype not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"{dtype!r} is not one of fp32, bf16", param_hint="--dtype")
+
+
+def check_verbosity(quiet: bool, verbose: bool) -> None:
+    if quiet and verbose:
+        raise typer.BadParameter(
+            "--quiet and --verbose contradict each other", param_hint="--verbose"
+        )
+
+
+def check_top_p(top_p: float) -> None:
+    if top_p == 0:
+        raise typer.BadParameter("must be > 0", param_hint="--top-p")
+
+
+_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_lengths(spec: str) -> list[int]:
+    """'512,2k,1m' -> [512, 2048, 1048576]."""
+    lengths = []
+    for part in spec.split(","):
+        part = part.strip().lower()
+        scale = _SUFFIXES.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            value = int(float(number) * scale)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{part!r} is not a length (use e.g. 512, 2k, 1m)", param_hint="--length"
+            ) from None
+        if value < 1:
+            raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
+        lengths.append(value)
+    return lengths

@@ -1,0 +1,102 @@
+"""`msa serve`: the model over HTTP, with OpenAI's API (the application is in `msa.server`)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .errors import reports_errors
+from .options import (
+    AttentionOption,
+    BlockSizeOption,
+    CacheDirOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    ModelOption,
+    NoCacheOption,
+    QuantOption,
+    ThreadsOption,
+    TopkOption,
+    attention_settings,
+    check_precision,
+)
+
+
+@reports_errors
+def serve(
+    model: str = ModelOption,
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="The address to listen on (0.0.0.0: every interface)."
+    ),
+    port: int = typer.Option(
+        8000, "--port", "-p", min=0, max=65535, help="The port to listen on (0: any free one)."
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="MSA_API_KEY",
+        show_envvar=True,
+        help="Answer only requests that send 'Authorization: Bearer KEY'.",
+    ),
+    max_tokens: int = typer.Option(
+        2048,
+        "--max-tokens",
+        "-n",
+        min=1,
+        help="The longest answer a request may ask for (more is a 400 error); "
+        "also the length of answers whose request does not say.",
+    ),
+    max_request_bytes: int = typer.Option(
+        64_000_000,
+        "--max-request-bytes",
+        min=1,
+        help="The largest request body (more is a 400 error).",
+    ),
+    queue_size: int = typer.Option(
+        16,
+        "--queue-size",
+        min=1,
+        help="Requests that may wait while one is answered; past that, 503.",
+    ),
+    threads: int | None = ThreadsOption,
+    quant: str | None = QuantOption,
+    cache_dir: str | None = CacheDirOption,
+    no_cache: bool = NoCacheOption,
+    attention: str = AttentionOption,
+    topk: int = TopkOption,
+    block_size: int | None = BlockSizeOption,
+    local_blocks: int = LocalBlocksOption,
+    kv_dtype: str = KvDtypeOption,
+):
+    """Serve the model over HTTP with OpenAI's API: /v1/chat/completions (streaming or not),
+    /v1/models, /health.
+
+    One request is answered at a time, the rest wait in a queue. Documents share the prefix cache
+    with `msa ask` and `msa chat`. Ctrl-C stops the server.
+    """
+    from ..engine.loading import load, set_threads
+    from ..server.run import address, listen, make_app, serve_until_stopped
+    from .output import note
+
+    check_precision(quant)
+    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    sock = listen(host, port)
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, note=note)
+    app_ = make_app(
+        loaded,
+        attention_,
+        cache_dir=cache_dir,
+        no_cache=no_cache,
+        queue_size=queue_size,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        max_tokens=max_tokens,
+    )
+    print(
+        f"msa serve: {loaded.name} ({loaded.weights} weights) at {address(sock)}/v1 (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+    serve_until_stopped(app_, sock)

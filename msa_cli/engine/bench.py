@@ -1,0 +1,149 @@
+"""Speed of the engine at chosen context lengths (`msa bench`)."""
+
+from __future__ import annotations
+
+import functools
+import resource
+import time
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def anon_rss_mb() -> float:
+    """The process's resident memory that is not a mapped file (K/V spilled to files are page
+    cache the OS can drop; this is what must fit in RAM). 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_e2e(
+    loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None
+) -> list[dict]:
+    """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
+    under the attention `settings` (AttentionSettings; None: the defaults). K/V too large for
+    memory live in files under `spill_dir`, as in `msa ask`."""
+    import torch
+
+    from .generate import new_cache, prefill, step
+
+    model = loaded.model
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for length in lengths:
+        ids = torch.randint(256, loaded.config.vocab_size, (length,), generator=generator).tolist()
+        capacity = length + decode_tokens
+        cache = new_cache(model, capacity=capacity, attention=settings, spill_dir=spill_dir)
+        start = time.perf_counter()
+        logits = prefill(model, cache, ids)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(decode_tokens):
+            logits = step(model, cache, int(torch.argmax(logits)))
+        decode_s = time.perf_counter() - start
+        rows.append(
+            {
+                "length": length,
+                "prefill_tok_s": round(length / prefill_s, 2),
+                "decode_tok_s": round(decode_tokens / decode_s, 2),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
+                "anon_rss_mb": round(anon_rss_mb(), 1),
+                "kv_in_files": cache.storage_dir is not None,
+            }
+        )
+        del cache
+    return rows
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call allocations and kernel builds
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_attention(
+    lengths: list[int],
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    topk: int,
+    local_blocks: int,
+    sink_blocks: int,
+    device: str = "cpu",
+    repeats: int = 5,
+) -> list[dict]:
+    """One decode step of one layer's attention, dense against MSA, on the same random K/V.
+
+    MSA's step is what a decode step pays: score every block summary, pick the top-k blocks,
+    attend over them. Summaries are made once per full block, so their cost is not in the step.
+    """
+    import torch
+
+    import msa.kernels as K
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for length in lengths:
+        k = torch.randn(n_kv_heads, length, head_dim, generator=generator).to(device)
+        v = torch.randn(n_kv_heads, length, head_dim, generator=generator).to(device)
+        q = torch.randn(n_heads, head_dim, generator=generator).to(device)
+        summaries = K.block_summaries(k, block_size, "minmax")
+
+        dense = functools.partial(_dense_step, K, sync, q, k, v)
+        msa = functools.partial(
+            _msa_step, K, sync, q, k, v, summaries, length, block_size, topk, local_blocks,
+            sink_blocks,
+        )  # fmt: skip
+        dense_ms, msa_ms = _median_ms(dense, repeats), _median_ms(msa, repeats)
+        del dense, msa  # their K/V go with k, v below
+        elt = k.element_size()
+        width = K.selection_width(topk, local_blocks, sink_blocks)
+        selected_tokens = min(length, width * block_size)
+        rows.append(
+            {
+                "length": length,
+                "dense_ms": round(dense_ms, 3),
+                "msa_ms": round(msa_ms, 3),
+                "speedup": round(dense_ms / msa_ms, 2),
+                "bytes_read_dense": 2 * length * n_kv_heads * head_dim * elt,
+                "bytes_read_msa": summaries.numel() * summaries.element_size()
+                + 2 * selected_tokens * n_kv_heads * head_dim * elt,
+            }
+        )
+        del k, v, summaries
+    return rows
+
+
+def _dense_step(K, sync, q, k, v) -> None:
+    K.dense_attention(q, k, v)
+    sync()
+
+
+def _msa_step(K, sync, q, k, v, summaries, length, block_size, topk, local_blocks, sink_blocks):
+    scores = K.score_blocks(q, summaries)
+    idx = K.select_blocks(
+        scores,
+        n_tokens=length,
+        block_size=block_size,
+        topk=topk,
+        local_blocks=local_blocks,
+        sink_blocks=sink_blocks,
+    )
+    K.sparse_decode_attention(q, k, v, idx, block_size)
+    sync()

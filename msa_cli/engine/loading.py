@@ -1,0 +1,82 @@
+"""Loading a model: threads, converted copies in the cache directory, the fused decode step."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .paths import cache_dir, converted_models_dir
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int | None) -> int:
+    import torch
+
+    n = threads or available_cores()
+    torch.set_num_threads(n)
+    return n
+
+
+# Models already loaded in this process, by --model, --quant and --dtype: a process that runs
+# several commands (the test suite, a server) loads each model once. Weights are never modified
+# after loading.
+_loaded: dict = {}
+
+
+def load(
+    model: str,
+    *,
+    cache: str | None = None,
+    quant: str | None = None,
+    dtype: str = "fp32",
+    note=None,
+):
+    """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel,
+    seconds).
+    `note(message)` tells of a wait worth explaining (None: say nothing)."""
+    from msa.models import load_model
+
+    from .generate import prepare_decode
+    from .paths import quantized_models_dir
+
+    start = time.perf_counter()
+    key = (model, quant, dtype)
+    if key not in _loaded:
+        root = _writable_or_none(converted_models_dir(cache_dir(cache)))
+        loaded = load_model(
+            model,
+            converted_root=root,
+            quant=quant,
+            dtype=dtype,
+            quantized_root=quantized_models_dir(),
+        )
+        # the fused CPU decode step, built now rather than at the first answer token; the first
+        # time on a machine it compiles, which `note` says
+        loaded.per_op_reason = prepare_decode(
+            loaded.model,
+            on_build=note
+            and (
+                lambda: note(
+                    "building the fused CPU decode step for this machine (once, under a minute)"
+                )
+            ),
+        )
+        _loaded[key] = loaded
+    return _loaded[key], time.perf_counter() - start
+
+
+def _writable_or_none(path: Path) -> Path | None:
+    """Keep converted model copies only where we may write; otherwise convert in memory each
+    time."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if os.access(path, os.W_OK) else None

@@ -1,0 +1,35 @@
+"""Where msa keeps its files: XDG directories, moved by environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    return Path(value) if value else Path.home() / fallback
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The prefix cache and converted model copies: --cache-dir, MSA_CACHE_DIR,
+    $XDG_CACHE_HOME/msa."""
+    if override:
+        return Path(override).expanduser()
+    if os.environ.get("MSA_CACHE_DIR"):
+        return Path(os.environ["MSA_CACHE_DIR"]).expanduser()
+    return _xdg("XDG_CACHE_HOME", ".cache") / "msa"
+
+
+def converted_models_dir(cache: Path) -> Path:
+    return cache / "models"
+
+
+def data_dir() -> Path:
+    """Chat history and other user data: $XDG_DATA_HOME/msa."""
+    return _xdg("XDG_DATA_HOME", ".local/share") / "msa"
+
+
+def quantized_models_dir() -> Path:
+    """Quantized copies written by `msa quantize`: $XDG_DATA_HOME/msa/models."""
+    return data_dir() / "models"

@@ -1,0 +1,193 @@
+"""Block files on disk: one safetensors file per block, written atomically, checked when read.
+
+Layout under the prefix cache's folder:
+
+    blocks/<key[:2]>/<key>.safetensors   one block: every tensor the KV cache exported for it,
+                                         with metadata (format, identity, key, tokens, checksum)
+    lock                                 the store's file lock (manifests, eviction, removal)
+
+A block is written to a temporary file in its own folder, fsynced, then renamed over its final
+name: a reader sees the whole file or none. Block files are named by content (their key), so two
+processes writing the same block write the same bytes and need no lock; the lock guards what
+must be read and changed together (chain manifests and eviction, see chains.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+import xxhash
+
+from msa.models.atomic_write import write_atomically
+
+from .errors import CacheBusyError
+from .keys import FORMAT_VERSION
+
+LOCK_TIMEOUT_S = 60.0
+STALE_TEMP_S = 600.0  # a temporary file this old was left by a killed writer
+_SUFFIX = ".safetensors"
+
+
+class BadBlock(Exception):
+    """A block file that must never be used; str(self) says why, in a few words."""
+
+
+def checksum(tensors: dict) -> str:
+    """XXH3-64 over every tensor's name, dtype, shape and bytes, in name order: restoring a long
+    document hashes gigabytes, and XXH3 does so several times faster than CRC-32."""
+    import torch
+
+    h = xxhash.xxh3_64()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return f"xxh3:{h.hexdigest()}"
+
+
+class BlockStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.blocks_dir = self.root / "blocks"
+
+    def path(self, key: str) -> Path:
+        return self.blocks_dir / key[:2] / f"{key}{_SUFFIX}"
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def size(self, key: str) -> int:
+        try:
+            return self.path(key).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    @contextlib.contextmanager
+    def lock(self, timeout: float = LOCK_TIMEOUT_S):
+        """Hold the store's lock (a file lock: released by the OS if its holder dies)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(self.root / "lock", timeout=timeout)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise CacheBusyError(
+                f"the prefix cache {self.root} is locked by another msa process "
+                f"(waited {timeout:.0f} s); try again"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def write(self, key: str, tensors: dict, *, identity: str, index: int, tokens: int) -> int:
+        """Write a block atomically (a temporary file beside it, fsync, rename); returns its
+        size."""
+        from safetensors.torch import save_file
+
+        path = self.path(key)
+        tensors = {name: t.contiguous() for name, t in tensors.items()}
+        metadata = {
+            "format": str(FORMAT_VERSION),
+            "identity": identity,
+            "key": key,
+            "index": str(index),
+            "tokens": str(tokens),
+            "checksum": checksum(tensors),
+        }
+
+        def save(tmp: Path) -> None:
+            try:
+                save_file(tensors, str(tmp), metadata=metadata)
+            except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as its own error
+                raise OSError(f"writing a block failed: {e}") from e
+
+        write_atomically(path, save, fsync=True)
+        return path.stat().st_size
+
+    def read(self, key: str, *, identity: str, tokens: int) -> dict | None:
+        """The tensors of block `key`, or None if it is not stored; BadBlock if it must not be
+        used."""
+        from safetensors import safe_open
+
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                _check_metadata(meta, key=key, identity=identity, tokens=tokens)
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except BadBlock:
+            raise
+        except Exception:  # noqa: BLE001 - safetensors reports a damaged file in several ways
+            if not path.exists():
+                return None  # removed by another process between the two calls: a plain miss
+            raise BadBlock("is truncated or not a block file") from None
+        if checksum(tensors) != meta.get("checksum"):
+            raise BadBlock("is corrupted (checksum mismatch)")
+        return tensors
+
+    def remove(self, key: str) -> int:
+        """Delete block `key`; returns the bytes freed (0 if it was not there)."""
+        path = self.path(key)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def files(self) -> Iterator[tuple[str | None, Path, int]]:
+        """(key, path, size) of every file under blocks/; key is None for temporary files."""
+        try:
+            folders = list(self.blocks_dir.iterdir())
+        except FileNotFoundError:
+            return
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except (FileNotFoundError, NotADirectoryError):  # removed meanwhile (`msa cache clear`)
+                continue
+            for entry in entries:
+                try:
+                    size = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+                name = entry.name
+                key = (
+                    name[: -len(_SUFFIX)]
+                    if name.endswith(_SUFFIX) and not name.startswith(".")
+                    else None
+                )
+                yield key, Path(entry.path), size
+
+    def temp_files(self) -> list[Path]:
+        return [path for key, path, _ in self.files() if key is None]
+
+
+def remove_stale_temp_files(paths, older_than_s: float = STALE_TEMP_S) -> None:
+    """Delete temporary files that writers killed mid-write left behind (live writers' are
+    young)."""
+    now = time.time()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > older_than_s:
+                path.unlink()
+
+
+def _check_metadata(meta: dict, *, key: str, identity: str, tokens: int) -> None:
+    if meta.get("format") != str(FORMAT_VERSION):
+        raise BadBlock(f"has format version {meta.get('format')}, this msa reads {FORMAT_VERSION}")
+    if meta.get("identity") != identity:
+        raise BadBlock(
+            "was made under another identity (model, tokenizer, template, dtype or attention)"
+        )
+    if meta.get("key") != key:
+        raise BadBlock("holds another block than its name says")
+    if meta.get("tokens") != str(tokens):
+        raise BadBlock(f"holds {meta.get('tokens')} tokens, not {tokens}")

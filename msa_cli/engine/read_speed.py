@@ -1,0 +1,63 @@
+"""How fast this machine reads a document with a model: the estimate shown before reading.
+
+Each read of at least `MIN_TOKENS` tokens records its speed (tokens per second) in
+`read_speed.json` in msa's cache directory, by model, thread count and attention mode; the
+next read's summary turns its token count into a time with it. Until a first read has been
+measured there is no estimate (the progress bar still shows one as it reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+MIN_TOKENS = 256
+FILE_NAME = "read_speed.json"
+
+
+def speed_key(loaded, threads: int, mode: str) -> str:
+    return f"{loaded.name}:{loaded.digest[:16]}:{threads}t:{mode}"
+
+
+def known_speed(cache_dir: Path | None, key: str) -> float | None:
+    if cache_dir is None:
+        return None
+    try:
+        speed = json.loads((cache_dir / FILE_NAME).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(speed) if isinstance(speed, (int, float)) and speed > 0 else None
+
+
+def record_speed(cache_dir: Path | None, key: str, tokens: int, seconds: float) -> None:
+    """Remember this read's speed; never fails the command (the cache directory may be
+    read-only)."""
+    if cache_dir is None or tokens < MIN_TOKENS or seconds <= 0:
+        return
+    path = cache_dir / FILE_NAME
+    tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
+    try:
+        try:
+            speeds = json.loads(path.read_text())
+            speeds = speeds if isinstance(speeds, dict) else {}
+        except (OSError, ValueError):
+            speeds = {}
+        speeds[key] = round(tokens / seconds, 2)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(speeds, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def duration(seconds: float) -> str:
+    """`4 s`, `1 min 20 s`, `2 h 5 min`."""
+    s = max(1, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"

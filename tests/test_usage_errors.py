@@ -1,0 +1,61 @@
+"""Usage errors are one line on stderr, `msa: error: ...`, and exit 2 (README, "Exit codes");
+--help is Click's, unchanged. None of these loads a model."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from msa.app import app
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "harbor-town.txt")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["ask", EXAMPLE, "q", "--topk", "0"],
+            # Click's own message (its wording varies with the version): what it says is not ours
+            "msa: error: '--topk': * (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--no-such-option"],
+            "msa: error: No such option: --no-such-option* (msa ask --help)",
+        ),
+        (["ask"], "msa: error: Missing argument *PATH... QUESTION* (msa ask --help)"),
+        (
+            ["ask", EXAMPLE, "q", "--attention", "sparse"],
+            "msa: error: --attention: 'sparse' is not one of auto, dense, msa (msa ask --help)",
+        ),
+        (
+            ["bench", "e2e", "--length", "x"],
+            "msa: error: --length: 'x' is not a length (use e.g. 512, 2k, 1m) "
+            "(msa bench e2e --help)",
+        ),
+        (["no-such-command"], "msa: error: No such command 'no-such-command'. (msa --help)"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exits_2(args, line):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.endswith("\n") and "\n" not in result.stderr[:-1]
+    assert fnmatch.fnmatchcase(result.stderr[:-1], line), result.stderr
+
+
+def test_help_is_unchanged():
+    result = CliRunner().invoke(app, ["ask", "--help"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("Usage: msa ask [OPTIONS] ")
+    assert "Answer a question about a document" in result.stdout
+    assert result.stderr == ""
+
+
+def test_no_arguments_print_the_help():
+    result = CliRunner().invoke(app, [])
+    assert "Usage: msa [OPTIONS] COMMAND [ARGS]..." in result.output
+    assert "msa: error" not in result.output
