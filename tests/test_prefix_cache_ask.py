@@ -16,7 +16,7 @@ from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex, format
 from msa.engine.prefix_cache.keys import FORMAT_VERSION
 from msa.engine.prompt import build_prompt
 from msa.engine.reading import open_prefix_cache, prefill_prompt
-from msa.engine.session import Settings
+from msa.engine.settings import Settings
 from msa.models.attention_settings import AttentionSettings
 
 pytestmark = pytest.mark.slow

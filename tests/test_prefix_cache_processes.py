@@ -17,7 +17,7 @@ from msa.app import app
 from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex
 from msa.engine.prompt import build_prompt
 from msa.engine.reading import open_prefix_cache, prefill_prompt
-from msa.engine.session import Settings
+from msa.engine.settings import Settings
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ _EXPORTS = {
     "load": "model",
     "Model": "model",
     "Session": "session",
-    "Settings": "session",
+    "Settings": "settings",
     "Usage": "generate",
     "Reading": "events",
     "Progress": "events",

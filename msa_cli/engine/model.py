@@ -13,7 +13,8 @@ from .loading import load as load_model
 from .loading import set_threads
 from .paths import cache_dir as resolve_cache_dir
 from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
-from .session import Session, Settings
+from .session import Session
+from .settings import Settings
 
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -9,7 +9,6 @@ bit for bit, as no cache.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 from . import generate
 from .documents import Context, ContextFile, Document
@@ -17,9 +16,7 @@ from .prefix_cache import CacheOptions, PrefixCache, identity
 from .prefix_cache.tokens import TokenMemo
 from .prompt import Prompt
 from .read_speed import speed_key
-
-if TYPE_CHECKING:
-    from .session import Settings
+from .settings import Settings
 
 
 def prompt_chunks(

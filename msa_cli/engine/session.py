@@ -9,40 +9,22 @@ chat (`msa chat`) and a request's messages (`msa serve`, `reply`) all go through
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Generator, Iterator
 
-from msa.models.attention_settings import AttentionSettings
 from msa.models.errors import InputTooLongError
 
 from . import generate
 from .documents import Context, Document
 from .events import Done, Event, Progress, Reading, Sources, Text
 from .generate import Generation, Usage
-from .prefix_cache import CacheOptions
 from .prompt import Prompt, build_prompt, next_turn
 from .read_speed import known_speed, record_speed
 from .reading import as_context, open_prefix_cache, prompt_chunks, read_speed_key, token_memo
 from .sampling import Sampler
+from .settings import Settings
 from .sources import SourceTracker
 
 CHAT_ROOM = 256  # tokens beyond one answer reserved in a cache read before its first question
-
-
-@dataclass
-class Settings:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    system: str | None = None
-    attention: AttentionSettings = field(default_factory=AttentionSettings)
-    prefix_cache: CacheOptions | None = None  # None: neither read nor write it
-    kv_spill_dir: Path | None = None  # K/V too large for memory go to files here
-    sources: bool = False  # track which blocks each answer read (`Sources` events)
-    speed_dir: Path | None = None  # where read speeds are remembered (`read_speed`)
-    note: Callable[[str], None] | None = None  # the prefix cache's one-line notes (None: silent)
 
 
 class Session:

@@ -20,7 +20,8 @@ from msa.models.errors import InputError, InputTooLongError, ModelError
 
 from ..engine.documents import Document
 from ..engine.prompt import prompt_from_messages
-from ..engine.session import Session, Settings
+from ..engine.session import Session
+from ..engine.settings import Settings
 
 SERVED_SOURCE = "(msa serve)"  # what `msa cache ls` shows as the source of a request's document
 

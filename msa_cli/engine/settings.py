@@ -1,0 +1,26 @@
+"""What a session answers with: sampling, the attention, the prefix cache, sources."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msa.models.attention_settings import AttentionSettings
+
+from .prefix_cache import CacheOptions
+
+
+@dataclass
+class Settings:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    system: str | None = None
+    attention: AttentionSettings = field(default_factory=AttentionSettings)
+    prefix_cache: CacheOptions | None = None  # None: neither read nor write it
+    kv_spill_dir: Path | None = None  # K/V too large for memory go to files here
+    sources: bool = False  # track which blocks each answer read (`Sources` events)
+    speed_dir: Path | None = None  # where read speeds are remembered (`read_speed`)
+    note: Callable[[str], None] | None = None  # the prefix cache's one-line notes (None: silent)
