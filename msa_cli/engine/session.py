@@ -141,7 +141,7 @@ class Session:
         )
         if s.sources:
             self.tracker = SourceTracker(
-                self.cache, doc_start=len(p.head), doc_end=self.context_length
+                self.cache.block_size, doc_start=len(p.head), doc_end=self.context_length
             )
         stored = open_prefix_cache(loaded, self.cache, p, self.documents.name, s)
         self.cached_tokens = stored.restore(self.cache) if stored else 0
