@@ -55,7 +55,7 @@ def main() -> None:
     loaded, _ = load("smollm2-135m", quant="none" if args.quant == "fp32" else args.quant)
     model = loaded.model
     if model.prepare_decode() is not None:
-        raise SystemExit(f"no fused step: {loaded.per_op_reason}")
+        raise SystemExit(f"no fused step: {model.per_op_reason}")
     token = torch.tensor([42])
     rows = []
     for n in parse_lengths(args.lengths):

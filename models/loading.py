@@ -40,9 +40,6 @@ class LoadedModel:
     digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
     quantization: str | None = None  # "int8", "int4" or None (floating point)
-    per_op_reason: str | None = (
-        None  # why decode steps run op by op (None: the fused step, or not prepared)
-    )
     dtype: str = "fp32"  # the compute dtype
 
     @property

@@ -34,8 +34,8 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     block = attention.block_size or "the model's"
     decode = (
         "in one fused CPU step"
-        if loaded.per_op_reason is None
-        else f"op by op ({loaded.per_op_reason})"
+        if loaded.model.per_op_reason is None
+        else f"op by op ({loaded.model.per_op_reason})"
     )
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "

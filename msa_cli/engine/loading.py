@@ -59,7 +59,7 @@ def load(
         )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says
-        loaded.per_op_reason = prepare_decode(
+        prepare_decode(
             loaded.model,
             on_build=note
             and (
