@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
+
+from .config_keys import refuse_unimplemented
 
 
 @dataclass
@@ -27,6 +30,16 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     # Tokens per KV block: the unit of sparse attention, the disk cache and source passages.
     kv_block_size: int = 64
+    # Per-frequency divisors of RoPE's inverse frequencies, as Llama 3.1/3.2 GGUF files store
+    # their `llama3` RoPE scaling (the `rope_freqs.weight` tensor); None: none.
+    rope_freq_factors: list[float] | None = None
+
+    # The config keys that change the math (config_keys.MATH_KEYS) this family computes; any
+    # other such key with an effect is refused by `from_dict`.
+    implemented_keys: ClassVar[frozenset[str]] = frozenset({"partial_rotary_factor"})
+    activations: ClassVar[tuple[str, ...]] = ("silu",)  # the MLP's, by transformers' names
+    # transformers' default where a config.json leaves the key out (LlamaConfig: untied)
+    tie_word_embeddings_default: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -52,7 +65,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        """Build from a checkpoint's config, ignoring keys this project does not use."""
+        """Build from a checkpoint's config: keys that change the math are computed or refused
+        (config_keys.py), keys that do not are ignored; keys a config.json may leave out take
+        transformers' defaults."""
+        refuse_unimplemented(
+            d, d.get("model_type") or cls.architecture, cls.implemented_keys, cls.activations
+        )
         names = {f.name for f in dataclasses.fields(cls)}
         # transformers 5 writes rope settings under `rope_parameters`; older configs at the top
         # level
@@ -61,6 +79,9 @@ class ModelConfig:
         kwargs = {k: v for k, v in d.items() if k in names}
         if "architecture" not in kwargs and d.get("model_type"):
             kwargs["architecture"] = d["model_type"]
+        kwargs.setdefault("tie_word_embeddings", cls.tie_word_embeddings_default)
+        if "num_attention_heads" in kwargs:  # no GQA unless the config says
+            kwargs.setdefault("num_key_value_heads", kwargs["num_attention_heads"])
         return cls(**kwargs)
 
     def to_dict(self) -> dict:
@@ -132,6 +153,8 @@ class MiniMaxM2Config(ModelConfig):
     num_experts_per_tok: int = 8
     rotary_dim: int | None = None  # legacy spelling of partial_rotary_factor
 
+    implemented_keys = ModelConfig.implemented_keys | {"use_qk_norm"}
+
     @classmethod
     def tiny(cls, **overrides) -> MiniMaxM2Config:
         base = dict(
@@ -185,6 +208,8 @@ class MiniMaxM3Config(ModelConfig):
     index_block_size: int = 128
     index_topk_blocks: int = 16
     index_local_blocks: int = 1
+
+    implemented_keys = ModelConfig.implemented_keys | {"use_qk_norm", "layer_types"}
 
     def __post_init__(self) -> None:
         super().__post_init__()

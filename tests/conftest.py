@@ -7,8 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.cpp_extension import get_default_build_root
+
+# Two test runs at once on a 2-core machine (CI beside another job) oversubscribe its cores:
+# OpenMP threads that spin while they wait for work then stall each other, minutes at a time on
+# the per-op decode path (measured). Waiting threads that sleep keep both runs moving. Set
+# before torch loads its OpenMP runtime; the `msa` processes tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import get_default_build_root  # noqa: E402
 
 EMBEDDED = "smollm2-135m"
 
