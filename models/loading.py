@@ -123,6 +123,7 @@ def load_model(
     dtype: str | torch.dtype = "fp32",
     quant: str | None = None,
     quantized_root: Path | None = None,
+    registered: dict[str, Path] | None = None,
     fuse: bool = True,
 ) -> LoadedModel:
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
@@ -133,11 +134,16 @@ def load_model(
 
     `converted_root` is where GGUF files keep a converted copy for fast later loads. A GGUF's
     Q4_1 tensors become int4 weights straight from its blocks when it loads in int4.
+    `registered`: models the user registered by path (local_models.py), by name.
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)
     src, ckpt = load_checkpoint(
-        spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant
+        spec,
+        converted_root=converted_root,
+        quantized_root=quantized_root,
+        registered=registered,
+        quant=quant,
     )
     if src.format == "quantized":
         quant = ckpt.meta["quantization"]
@@ -165,6 +171,7 @@ def load_checkpoint(
     *,
     converted_root: Path | None = None,
     quantized_root: Path | None = None,
+    registered: dict[str, Path] | None = None,
     quant: str | None = None,
 ):
     """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant` (None: as
@@ -173,7 +180,7 @@ def load_checkpoint(
         raise ModelError(
             f"quantization must be one of {', '.join(MODES)} or {FLOAT}, not {quant!r}"
         )
-    src = resolve(spec, quantized_root=quantized_root)
+    src = resolve(spec, quantized_root=quantized_root, registered=registered)
     if src.format == "gguf":
         q4_1_as_int4 = None if quant is None else quant == "int4"
         return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=q4_1_as_int4)
@@ -200,6 +207,7 @@ def write_quantized(
     *,
     quantized_root: Path,
     converted_root: Path | None = None,
+    registered: dict[str, Path] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
@@ -207,7 +215,11 @@ def write_quantized(
     from .quantized_copy import write_quantized_copy
 
     src, ckpt = load_checkpoint(
-        spec, converted_root=converted_root, quantized_root=quantized_root, quant=mode
+        spec,
+        converted_root=converted_root,
+        quantized_root=quantized_root,
+        registered=registered,
+        quant=mode,
     )
     if src.format == "quantized":
         raise ModelError(

@@ -233,12 +233,22 @@ def quantized_copies(root: Path | None) -> dict[str, Path]:
     return {d.name: d for d in sorted(Path(root).iterdir()) if (d / "meta.json").is_file()}
 
 
-def resolve(spec: str, *, quantized_root: Path | None = None) -> ModelSource:
-    """Turn --model's value (a registry name, a quantized copy under `quantized_root`, a .gguf
-    path or a model directory) into files."""
+def resolve(
+    spec: str, *, quantized_root: Path | None = None, registered: dict[str, Path] | None = None
+) -> ModelSource:
+    """Turn --model's value (a registry name, a quantized copy under `quantized_root`, a name
+    in `registered` (local_models.py), a .gguf path or a model directory) into files."""
     copies = quantized_copies(quantized_root)
     if spec in copies:
         return ModelSource(spec, copies[spec], "quantized")
+    if registered and spec in registered:
+        path = registered[spec]
+        if not path.exists():
+            raise ModelError(
+                f"model {spec} was registered at {path}, which is gone: `msa pull` its new "
+                f"path, or `msa models rm {spec}`"
+            )
+        return ModelSource(spec, path, "gguf" if path.is_file() else "hf")
     if spec in KNOWN_MODELS:
         model = KNOWN_MODELS[spec]
         if model.needs_gpu_cluster:

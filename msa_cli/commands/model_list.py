@@ -46,7 +46,25 @@ def model_rows() -> list[dict]:
                 or f"hf: {model.hub_id}",
             }
         )
-    return rows + quantized_rows()
+    return rows + registered_rows() + quantized_rows()
+
+
+def registered_rows() -> list[dict]:
+    """The local files `msa pull PATH` registered (a file since moved shows as not installed)."""
+    from ..engine.paths import registered_models
+
+    return [
+        {
+            "name": name,
+            "description": f"local {'GGUF file' if path.suffix == '.gguf' else 'model folder'}",
+            "installed": path.exists(),
+            "path": str(path),
+            "size_bytes": _size_on_disk(path) if path.exists() else None,
+            "context_length": None,
+            "source": "msa pull (local)",
+        }
+        for name, path in registered_models().items()
+    ]
 
 
 def quantized_rows() -> list[dict]:
@@ -87,7 +105,7 @@ def print_models(rows: list[dict]) -> None:
                 r["name"],
                 "yes" if r["installed"] else "no",
                 format_size(r["size_bytes"]) if r["size_bytes"] is not None else "-",
-                f"{r['context_length']:,}",
+                f"{r['context_length']:,}" if r["context_length"] else "-",
                 r["source"],
             )
         )

@@ -1,8 +1,10 @@
 """`msa models rm NAME`: delete a model's downloaded or converted files.
 
 What NAME may name: a model pulled from the hub (a registry name or `owner/name`; its whole
-folder in the hub cache goes), and the converted copies msa keeps of GGUF files (a registry
-name whose file ships in a package, or a .gguf path; the copy is rebuilt at the next load).
+folder in the hub cache goes), the converted copies msa keeps of GGUF files (a registry
+name whose file ships in a package, or a .gguf path; the copy is rebuilt at the next load), and
+a local file registered by `msa pull PATH` (forgotten, and its converted copies deleted; the
+file itself is the user's and stays).
 A folder is first renamed aside, then deleted, so an interrupted removal never leaves a model
 that looks installed but is half gone.
 """
@@ -21,7 +23,7 @@ from msa.models.errors import ModelError
 @dataclass
 class Removed:
     path: Path
-    what: str  # "hub download" or "converted copy"
+    what: str  # "hub download", "converted copy" or "registration" (the file is kept)
     size_bytes: int
 
 
@@ -65,15 +67,19 @@ def _converted_copies(converted_root: Path, source: Path) -> list[Path]:
     return found
 
 
-def remove_model(name: str, converted_root: Path) -> list[Removed]:
+def remove_model(name: str, converted_root: Path, registered_index: Path) -> list[Removed]:
     """Delete what NAME has on disk; ModelError if NAME is unknown or has nothing installed."""
+    from msa.models.local_models import unregister_model
     from msa.models.registry import KNOWN_MODELS, hub_cache_root, hub_repo_folder
 
     targets: list[tuple[Path, str]] = []
+    forgotten = unregister_model(registered_index, name)
+    if forgotten is not None:
+        targets.append((forgotten, "registration"))
     hub_id = _hub_id(name)
     if hub_id and hub_repo_folder(hub_id).is_dir():
         targets.append((hub_repo_folder(hub_id), "hub download"))
-    source = _gguf_source(name)
+    source = forgotten.resolve() if forgotten is not None else _gguf_source(name)
     if source is not None and converted_root.is_dir():
         targets += [
             (folder, "converted copy") for folder in _converted_copies(converted_root, source)
@@ -94,6 +100,9 @@ def remove_model(name: str, converted_root: Path) -> list[Removed]:
         )
     removed = []
     for folder, what in targets:
+        if what == "registration":  # the user's own file: only the name goes
+            removed.append(Removed(folder, what, 0))
+            continue
         size = _folder_bytes(folder)
         _delete(folder)
         removed.append(Removed(folder, what, size))

@@ -41,19 +41,25 @@ def models_rm(
     name: str = typer.Argument(
         ...,
         metavar="NAME",
-        help="A pulled model (registry name or hub id owner/name), "
-        "or a model whose GGUF file msa converted (name or .gguf path).",
+        help="A pulled model (registry name or hub id owner/name), a registered local file "
+        "(forgotten, the file kept), or a model whose GGUF file msa converted (name or .gguf "
+        "path).",
     ),
     cache_dir: str | None = CacheDirOption,
 ):
-    """Delete a pulled model's files, or the converted copy msa keeps of a GGUF model."""
+    """Delete a pulled model's files, or the converted copy msa keeps of a GGUF model; forget a
+    registered local file (the file itself is kept)."""
     from ..engine.paths import cache_dir as resolve_cache_dir
-    from ..engine.paths import converted_models_dir
+    from ..engine.paths import converted_models_dir, registered_models_index
     from ..engine.prefix_cache import format_size
     from .model_removal import remove_model
 
-    for r in remove_model(name, converted_models_dir(resolve_cache_dir(cache_dir))):
-        print(f"removed {name}: {r.what}, {format_size(r.size_bytes)}, {r.path}")
+    converted = converted_models_dir(resolve_cache_dir(cache_dir))
+    for r in remove_model(name, converted, registered_models_index()):
+        if r.what == "registration":
+            print(f"forgot {name}: {r.path} is kept")
+        else:
+            print(f"removed {name}: {r.what}, {format_size(r.size_bytes)}, {r.path}")
 
 
 @reports_errors
@@ -61,17 +67,44 @@ def pull(
     model: str = typer.Argument(
         ...,
         metavar="MODEL",
-        help="A registry name (see `msa models`) or a Hugging Face repository id, owner/name.",
+        help="A registry name (see `msa models`), a Hugging Face repository id (owner/name), "
+        "or a local .gguf file or model folder to register.",
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="The name a local file is registered under (default: its file name)."
     ),
     quiet: bool = QuietOption,
 ):
-    """Download a model from the Hugging Face hub (HF_ENDPOINT, default huggingface.co).
+    """Download a model from the Hugging Face hub (HF_ENDPOINT, default huggingface.co), or
+    register a local GGUF file or model folder by name.
 
     Only safetensors weights, config and tokenizer files are fetched, into the hub cache (HF_HOME);
     an interrupted pull keeps the files it finished, and pulling again fetches the rest. Prints
-    the model's folder; afterwards `--model MODEL` loads it.
+    the model's folder; afterwards `--model MODEL` loads it. A local file stays where it is:
+    `--model NAME` then loads it, and `msa models rm NAME` forgets it (the file is kept).
     """
+    from pathlib import Path
+
     from .output import quiet_or_note
+
+    local = Path(model).expanduser()
+    if local.exists() or model.endswith(".gguf"):
+        from msa.models.local_models import register_model
+        from msa.models.registry import KNOWN_MODELS
+
+        from ..engine.paths import registered_models_index
+
+        registered, replaced = register_model(
+            registered_models_index(), local, name, reserved=set(KNOWN_MODELS)
+        )
+        verb = "registered again" if replaced else "registered"
+        quiet_or_note(quiet)(f"{verb} {registered}: use it with --model {registered}")
+        print(local.resolve())
+        return
+    if name is not None:
+        raise typer.BadParameter(
+            "only a local file is registered under a name", param_hint="--name"
+        )
     from .pull import pull as pull_model
 
     folder = pull_model(model, quiet=quiet, note=quiet_or_note(quiet))
@@ -100,10 +133,13 @@ def quantize(
         raise typer.BadParameter(f"{to!r} is not one of int8, int4", param_hint="--to")
     from msa.models.loading import write_quantized
 
+    from ..engine.paths import registered_models
+
     folder = write_quantized(
         model,
         to,
         quantized_root=quantized_models_dir(),
+        registered=registered_models(),
         converted_root=converted_models_dir(resolve_cache_dir(cache_dir)),
     )
     size = sum(f.stat().st_size for f in folder.iterdir())

@@ -44,7 +44,7 @@ def load(
     from msa.models import load_model
 
     from .generate import prepare_decode
-    from .paths import quantized_models_dir
+    from .paths import quantized_models_dir, registered_models
 
     start = time.perf_counter()
     key = (model, quant, dtype)
@@ -56,6 +56,7 @@ def load(
             quant=quant,
             dtype=dtype,
             quantized_root=quantized_models_dir(),
+            registered=registered_models(),
         )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says

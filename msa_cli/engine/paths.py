@@ -33,3 +33,14 @@ def data_dir() -> Path:
 def quantized_models_dir() -> Path:
     """Quantized copies written by `msa quantize`: $XDG_DATA_HOME/msa/models."""
     return data_dir() / "models"
+
+
+def registered_models_index() -> Path:
+    """Model files registered by path (`msa pull ./model.gguf`): $XDG_DATA_HOME/msa."""
+    return data_dir() / "registered-models.json"
+
+
+def registered_models() -> dict[str, Path]:
+    from msa.models.local_models import registered_models as read
+
+    return read(registered_models_index())
