@@ -11,7 +11,7 @@ from conftest import assert_close
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.int_formats import dequantize_int4, dequantize_int8
-from msa.models.loading import load_model
+from msa.models.loading import load_model, write_quantized
 from msa.models.quantize import quantize_weights
 
 transformers = pytest.importorskip("transformers")
@@ -174,3 +174,24 @@ def test_phi3_fused_tensors_partial_rotary_and_longrope_match_transformers(tmp_p
     loaded = check_family(transformers.Phi3ForCausalLM(hf_config).eval(), tmp_path / "phi3", "phi3")
     assert loaded.config.rope_dim == rope_dim
     assert loaded.model.rope.attention_factor > 1.0  # longrope's, from 512 / 64
+
+
+def test_a_quantized_copy_keeps_biases_and_rope_scaling(tmp_path):
+    """`msa quantize`'s copy of a Qwen2 with yarn scaling computes what the on-load int4 model
+    does (its config with the scaling read back, its biases stored beside the int4 weights)."""
+    hf_config = transformers.Qwen2Config(
+        **SHAPE,
+        rope_parameters={"rope_theta": 10000.0, **SCALINGS["yarn"]},
+        use_sliding_window=False,
+    )
+    hf_model = transformers.Qwen2ForCausalLM(hf_config).eval()
+    randomize(hf_model, seed=5)
+    folder = save_hf_dir(hf_model, tmp_path / "qwen2")
+    write_quantized(str(folder), "int4", quantized_root=tmp_path / "quantized")
+    copy_ = load_model("qwen2-int4", quantized_root=tmp_path / "quantized")
+    on_load = load_model(str(folder), quant="int4")
+    assert copy_.config.rope_scaling == on_load.config.rope_scaling
+    assert copy_.model.rope.attention_factor == on_load.model.rope.attention_factor > 1.0
+    ids = torch.tensor(prompt(64))
+    logits = [m.model(ids, m.model.new_cache(), all_logits=True) for m in (copy_, on_load)]
+    assert torch.equal(logits[0], logits[1])
