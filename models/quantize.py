@@ -38,13 +38,8 @@ PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a c
 KERNEL_DTYPE = torch.bfloat16
 
 
-def _bias_buffer(module: nn.Module, out_features: int, bias: bool) -> None:
-    """A floating `bias` [N] added to the output (Qwen2's q/k/v, Llama's attention_bias), or
-    None."""
-    module.register_buffer("bias", torch.empty(out_features) if bias else None)
-
-
 def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """out + the Linear's floating bias (Qwen2's q/k/v, Llama's attention_bias), if any."""
     return out if bias is None else out + bias.to(out.dtype)
 
 
@@ -54,7 +49,7 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
-        _bias_buffer(self, out_features, bias)
+        self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self._scales_bf16 = None
 
     def _load_from_state_dict(self, *args, **kwargs):
@@ -98,7 +93,7 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", torch.empty(0, dtype=torch.uint8))
         self.register_buffer("scales_zeros", torch.empty(0))
-        _bias_buffer(self, out_features, bias)
+        self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
