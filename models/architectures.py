@@ -6,11 +6,15 @@ import importlib
 
 from .config import MiniMaxM2Config, MiniMaxM3Config, ModelConfig, Qwen3Config
 from .errors import ModelError
+from .family_configs import MistralConfig, Phi3Config, Qwen2Config
 
 # model_type -> (config class, "module:ModelClass")
 ARCHITECTURES = {
     "llama": (ModelConfig, "llama:Transformer"),
     "qwen3": (Qwen3Config, "qwen3:Qwen3"),
+    "qwen2": (Qwen2Config, "qwen2:Qwen2"),
+    "mistral": (MistralConfig, "llama:Transformer"),
+    "phi3": (Phi3Config, "llama:Transformer"),  # fused checkpoint tensors split on load
     "minimax_m2": (MiniMaxM2Config, "minimax_m2:MiniMaxM2"),
     "minimax_m3_vl": (MiniMaxM3Config, "minimax_m3:MiniMaxM3"),
 }

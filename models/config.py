@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .config_keys import refuse_unimplemented
+from .config_keys import refuse_unimplemented, rope_settings
 
 
 @dataclass
@@ -33,10 +33,17 @@ class ModelConfig:
     # Per-frequency divisors of RoPE's inverse frequencies, as Llama 3.1/3.2 GGUF files store
     # their `llama3` RoPE scaling (the `rope_freqs.weight` tensor); None: none.
     rope_freq_factors: list[float] | None = None
+    # RoPE scaling (config_keys.rope_settings: `rope_type` and its parameters), None: plain
+    rope_scaling: dict | None = None
+    attention_bias: bool = False  # q, k, v and o projections with biases
+    mlp_bias: bool = False  # gate, up and down projections with biases
 
     # The config keys that change the math (config_keys.MATH_KEYS) this family computes; any
     # other such key with an effect is refused by `from_dict`.
-    implemented_keys: ClassVar[frozenset[str]] = frozenset({"partial_rotary_factor"})
+    implemented_keys: ClassVar[frozenset[str]] = frozenset(
+        {"partial_rotary_factor", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias"}
+    )
+    rope_types: ClassVar[tuple[str, ...]] = ("linear", "dynamic", "yarn", "llama3")  # scalings
     activations: ClassVar[tuple[str, ...]] = ("silu",)  # the MLP's, by transformers' names
     # transformers' default where a config.json leaves the key out (LlamaConfig: untied)
     tie_word_embeddings_default: ClassVar[bool] = False
@@ -68,15 +75,15 @@ class ModelConfig:
         """Build from a checkpoint's config: keys that change the math are computed or refused
         (config_keys.py), keys that do not are ignored; keys a config.json may leave out take
         transformers' defaults."""
-        refuse_unimplemented(
-            d, d.get("model_type") or cls.architecture, cls.implemented_keys, cls.activations
-        )
+        family = d.get("model_type") or cls.architecture
+        refuse_unimplemented(d, family, cls.implemented_keys, cls.activations)
         names = {f.name for f in dataclasses.fields(cls)}
         # transformers 5 writes rope settings under `rope_parameters`; older configs at the top
         # level
         rope = d.get("rope_parameters") or {}
         d = {**{k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}, **d}
         kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs["rope_scaling"] = rope_settings(d, family, cls.rope_types)
         if "architecture" not in kwargs and d.get("model_type"):
             kwargs["architecture"] = d["model_type"]
         kwargs.setdefault("tie_word_embeddings", cls.tie_word_embeddings_default)
@@ -113,6 +120,9 @@ class Qwen3Config(ModelConfig):
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960
+
+    # transformers' Qwen3 MLP has no biases whatever `mlp_bias` says
+    implemented_keys = ModelConfig.implemented_keys - {"mlp_bias"}
 
     @classmethod
     def tiny(cls, **overrides) -> Qwen3Config:
@@ -153,7 +163,7 @@ class MiniMaxM2Config(ModelConfig):
     num_experts_per_tok: int = 8
     rotary_dim: int | None = None  # legacy spelling of partial_rotary_factor
 
-    implemented_keys = ModelConfig.implemented_keys | {"use_qk_norm"}
+    implemented_keys = frozenset({"partial_rotary_factor", "use_qk_norm"})
 
     @classmethod
     def tiny(cls, **overrides) -> MiniMaxM2Config:
@@ -209,7 +219,7 @@ class MiniMaxM3Config(ModelConfig):
     index_topk_blocks: int = 16
     index_local_blocks: int = 1
 
-    implemented_keys = ModelConfig.implemented_keys | {"use_qk_norm", "layer_types"}
+    implemented_keys = frozenset({"partial_rotary_factor", "use_qk_norm", "layer_types"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -61,6 +61,7 @@ MATH_KEYS: dict[str, Callable[[object, dict], bool]] = {
     "logits_scaling": lambda value, d: value in (None, 1, 1.0),
 }
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation")
+TYPE_KEYS = ("rope_type", "type")  # transformers 5's spelling, then the older one
 
 
 def refuse_unimplemented(
@@ -80,3 +81,31 @@ def refuse_unimplemented(
                 f"config key {key}={d[key]!r} is not supported for {family} models "
                 f"(supported: {', '.join(activations)})"
             )
+
+
+def rope_settings(d: dict, family: str, supported: tuple[str, ...]) -> dict | None:
+    """A config's RoPE scaling (`rope_parameters` or `rope_scaling`) as one dict with its
+    `rope_type` and `original_max_position_embeddings`, or None for plain RoPE; a type the
+    family does not compute is refused in one line naming the key."""
+    for key in ("rope_parameters", "rope_scaling"):
+        s = d.get(key)
+        kind = next((s[k] for k in TYPE_KEYS if k in s), None) if isinstance(s, dict) else None
+        if kind in (None, "default"):
+            continue
+        if kind not in supported:
+            raise ModelError(
+                f"config key {key} rope_type={kind!r} is not supported for {family} models "
+                f"(supported: {', '.join(supported)})"
+            )
+        s = {k: v for k, v in s.items() if k not in (*TYPE_KEYS, "rope_theta")}
+        s.pop("partial_rotary_factor", None)
+        # Phi-3 keeps the pretrained length at the top level, and it wins (as in transformers)
+        original = d.get("original_max_position_embeddings") or s.get(
+            "original_max_position_embeddings"
+        )
+        return {
+            "rope_type": kind,
+            **s,
+            "original_max_position_embeddings": original or d.get("max_position_embeddings"),
+        }
+    return None

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 # the tensors of one projection that are laid out by output row (floating or quantized)
-_ROW_TENSORS = ("weight", "scales", "mins")
+_ROW_TENSORS = ("weight", "scales", "mins", "bias")
 
 
 def _fusable(model: nn.Module):
@@ -43,17 +43,20 @@ def fuse_projections(model: nn.Module) -> int:
     count = 0
     for _, module, fused, parts in list(_fusable(model)):
         linears = [getattr(module, p) for p in parts]
-        if not all(type(m) is nn.Linear and m.bias is None for m in linears):
+        if not all(type(m) is nn.Linear for m in linears):
             continue
+        bias = linears[0].bias is not None
+        if any((m.bias is not None) != bias for m in linears):
+            continue  # some parts with biases, some without: left unfused
         first = linears[0].weight
         out = sum(m.out_features for m in linears)
         # built on meta (no random init of a matrix about to be replaced: 0.6 s of every start)
-        new = nn.Linear(linears[0].in_features, out, bias=False, device="meta", dtype=first.dtype)
+        new = nn.Linear(linears[0].in_features, out, bias=bias, device="meta", dtype=first.dtype)
         if first.device.type != "meta":
             with torch.no_grad():
-                new.weight = nn.Parameter(
-                    torch.cat([m.weight for m in linears]), requires_grad=False
-                )
+                for kind in ("weight", "bias") if bias else ("weight",):
+                    tensors = [getattr(m, kind) for m in linears]
+                    setattr(new, kind, nn.Parameter(torch.cat(tensors), requires_grad=False))
         for p in parts:
             delattr(module, p)
         setattr(module, fused, new)

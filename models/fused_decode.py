@@ -29,12 +29,15 @@ NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step com
 
 
 def linear_spec(linear: nn.Module):
-    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form."""
+    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form
+    (the kernel adds no biases)."""
+    if getattr(linear, "bias", None) is not None:
+        return None
     if isinstance(linear, Int4Linear):
         return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size)
     if isinstance(linear, Int8Linear):
         return (kernel.INT8, linear.weight, linear.scales.to(torch.bfloat16), 0)
-    if type(linear) is nn.Linear and linear.bias is None and linear.weight.dtype == torch.float32:
+    if type(linear) is nn.Linear and linear.weight.dtype == torch.float32:
         return (kernel.FP32, linear.weight.detach().contiguous(), torch.empty(0), 0)
     return None
 

@@ -12,6 +12,7 @@ from .checkpoint import Checkpoint
 from .digests import file_digest
 from .errors import ModelError
 from .fp8 import dequantize_fp8
+from .phi3 import split_fused_projections
 from .tokenizer import ChatTemplate, TextTokenizer
 
 # Checkpoint key -> ours, per model_type: regex substitutions applied in order.
@@ -24,6 +25,9 @@ _EXPERTS = [
 NAME_MAPS = {
     "llama": [(r"^model\.", "")],
     "qwen3": [(r"^model\.", "")],
+    "qwen2": [(r"^model\.", "")],
+    "mistral": [(r"^model\.", "")],
+    "phi3": [(r"^model\.", "")],
     "minimax_m2": [(r"^model\.", ""), *_EXPERTS],
     "minimax_m3_vl": [
         (r"^language_model\.model\.", ""),
@@ -32,6 +36,8 @@ NAME_MAPS = {
         (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2."),
     ],
 }
+# model_type -> (config, weights by our names) -> the weights as our modules name them
+SPLITS = {"phi3": split_fused_projections}
 # Checkpoint keys that are not the text model we run: multi-token-prediction heads, M3's vision
 # side.
 SKIPPED = {
@@ -124,6 +130,8 @@ def load_hf_dir(
     for f in files:
         digest.update(file_digest(f, digest_memo).encode())
     weights, skipped = _read_weights(files, model_type, config, block)
+    if model_type in SPLITS:
+        weights = SPLITS[model_type](config, weights)
     tok_config = _read_json(folder / "tokenizer_config.json")
     gen_config = _read_json(folder / "generation_config.json")
     eos = gen_config.get("eos_token_id", config.eos_token_id)

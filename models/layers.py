@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import InputTooLongError
+
 
 class RMSNorm(nn.Module):
     """RMSNorm scaling by `weight + offset`: offset 0 (Llama) or 1 (Gemma style, MiniMax-M3)."""
@@ -90,10 +92,26 @@ class RotaryEmbedding:
 
     span = 16384
 
-    def __init__(self, head_dim: int, base: float):
-        self.inv_freq = 1.0 / (
-            base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
-        )
+    def __init__(
+        self,
+        head_dim: int,
+        base: float,
+        *,
+        inv_freq: torch.Tensor | None = None,
+        attention_factor: float = 1.0,
+        max_positions: int | None = None,
+    ):
+        """Plain RoPE of `base`, or the given `inv_freq` [head_dim/2] (a scaled RoPE:
+        rope_scaling.py). `attention_factor` multiplies the cos and sin that rotate q and k at
+        their positions (`cos_sin_range`; yarn's and longrope's mscale); shifts and rotations
+        back stay pure rotations. `max_positions`: positions from there are refused."""
+        if inv_freq is None:
+            inv_freq = 1.0 / (
+                base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
+            )
+        self.inv_freq = inv_freq.to(torch.float64)
+        self.attention_factor = attention_factor
+        self.max_positions = max_positions
         self._low = self._table(
             torch.arange(self.span, dtype=torch.float64, device="cpu")
         )  # positions 0 .. span-1
@@ -107,7 +125,7 @@ class RotaryEmbedding:
         return emb.cos().float(), emb.sin().float()
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [..., D] for integer positions [...]."""
+        """cos, sin: [..., D] rotating by integer positions [...] (pure rotations: shifts)."""
         shape = (*positions.shape, self._low[0].shape[1])
         positions = positions.long().flatten()
 
@@ -125,16 +143,29 @@ class RotaryEmbedding:
         (cos_h, sin_h), (cos_l, sin_l) = rows(self._high, hi), rows(self._low, lo)
         return cos_h * cos_l - sin_h * sin_l, sin_h * cos_l + cos_h * sin_l
 
-    def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [n, D] for positions start..start+n-1 (inside the table: views, no gather
-        per step)."""
-        if start + n <= self.span:
+    def _rotation_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if start + n <= self.span:  # inside the table: views, no gather per step
             return self._low[0][start : start + n], self._low[1][start : start + n]
         return self.cos_sin(torch.arange(start, start + n))
 
+    def cos_sin_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [n, D] that rotate q and k at positions start..start+n-1 (times the
+        attention factor)."""
+        if self.max_positions is not None and start + n > self.max_positions:
+            raise InputTooLongError(
+                f"position {start + n - 1} is past the {self.max_positions} positions this "
+                "model's dynamic RoPE computes without changing the frequencies of the cached "
+                "tokens (max_position_embeddings)"
+            )
+        cos, sin = self._rotation_range(start, n)
+        if self.attention_factor != 1.0:
+            return cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
     def rotate_back(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x [..., T, D] rotated at positions start..start+T-1, rotated back to position 0."""
-        cos, sin = self.cos_sin_range(start, x.shape[-2])
+        """x [..., T, D] rotated at positions start..start+T-1, rotated back to position 0 (an
+        attention factor stays)."""
+        cos, sin = self._rotation_range(start, x.shape[-2])
         return apply_rope(x, cos, -sin)
 
 

@@ -15,7 +15,8 @@ from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
 from .fused_decode import FusedDecode, layer_spec
 from .kv_cache import KVCache
-from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
+from .layers import RMSNorm, apply_rope, embedding
+from .rope_scaling import rotary_embedding
 
 
 class Attention(nn.Module):
@@ -28,10 +29,17 @@ class Attention(nn.Module):
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         d = self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * d, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * d, config.hidden_size, bias=False)
+        qkv_bias, o_bias = self.biases(config)
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * d, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, config.hidden_size, bias=o_bias)
+
+    @staticmethod
+    def biases(config: ModelConfig) -> tuple[bool, bool]:
+        """Whether q/k/v and o have biases: both as `attention_bias` says in Llama (Qwen2:
+        q/k/v only)."""
+        return config.attention_bias, config.attention_bias
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         t = x.shape[0]
@@ -72,9 +80,10 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.fused_sizes = None
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_sizes is None:
@@ -100,7 +109,7 @@ class Block(nn.Module):
 
     def fused_spec(self) -> dict | None:
         """This layer as the fused decode step computes it (fused_decode.layer_spec), or None:
-        only Llama's own plain layers with fused projections have that form."""
+        only Llama's own plain layers with fused projections and no biases have that form."""
         attn, mlp = self.self_attn, self.mlp
         if type(self) is not Block or type(attn) is not Attention or type(mlp) is not MLP:
             return None
@@ -126,7 +135,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta)
+        self.rope = rotary_embedding(config)
 
         # the fused decode step (fused_decode.py), or why one-token forwards run per op; built
         # by prepare_decode, at the latest on the first one-token forward

@@ -38,12 +38,18 @@ PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a c
 KERNEL_DTYPE = torch.bfloat16
 
 
+def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """out + the Linear's floating bias (Qwen2's q/k/v, Llama's attention_bias), if any."""
+    return out if bias is None else out + bias.to(out.dtype)
+
+
 class Int8Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
+        self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self._scales_bf16 = None
 
     def _load_from_state_dict(self, *args, **kwargs):
@@ -66,7 +72,7 @@ class Int8Linear(nn.Module):
             out = torch.ops.aten._weight_int8pack_mm(
                 flat.to(KERNEL_DTYPE), self.weight, self._scales_bf16
             ).to(x.dtype)
-        return out.view(*x.shape[:-1], self.out_features)
+        return _add_bias(out, self.bias).view(*x.shape[:-1], self.out_features)
 
 
 class Int4Linear(nn.Module):
@@ -76,11 +82,18 @@ class Int4Linear(nn.Module):
     keeps the dequantized weights in that dtype (`prefill_weight`, [N, K]) for inputs of more
     than PREFILL_ROWS rows, which then multiply in that dtype."""
 
-    def __init__(self, in_features: int, out_features: int, group_size: int = DEFAULT_GROUP_SIZE):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        bias: bool = False,
+    ):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", torch.empty(0, dtype=torch.uint8))
         self.register_buffer("scales_zeros", torch.empty(0))
+        self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
@@ -99,6 +112,8 @@ class Int4Linear(nn.Module):
                 error_msgs,
             )
         weight, scales, mins = (state_dict[n] for n in names)
+        if self.bias is not None:
+            self.bias = state_dict[prefix + "bias"]
         q = unpack_int4(weight).to(torch.int32)  # [N, K] in 0..15
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
@@ -113,12 +128,11 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # [M, K]
         if self.prefill_weight is not None and flat.shape[0] > PREFILL_ROWS:
             out = F.linear(flat.to(self.prefill_weight.dtype), self.prefill_weight)
-            return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        flat = flat.to(KERNEL_DTYPE).contiguous()
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, self.group_size, self.scales_zeros
-        )
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.to(KERNEL_DTYPE).contiguous(), self.packed, self.group_size, self.scales_zeros
+            )
+        return _add_bias(out.to(x.dtype), self.bias).view(*x.shape[:-1], self.out_features)
 
 
 HEAD_NAMES = ("lm_head",)  # output heads: int8 even in int4 mode
@@ -209,13 +223,15 @@ def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SI
     plan = quantization_plan(model, mode, group_size)
     for name, kind in plan.items():
         old = model.get_submodule(name)
-        _replace(
-            model,
-            name,
-            Int8Linear(old.in_features, old.out_features)
+        bias = old.bias is not None
+        new = (
+            Int8Linear(old.in_features, old.out_features, bias)
             if kind == "int8"
-            else Int4Linear(old.in_features, old.out_features, group_size),
+            else Int4Linear(old.in_features, old.out_features, group_size, bias)
         )
+        if bias:
+            new.bias = old.bias.detach()
+        _replace(model, name, new)
     return list(plan)
 
 
@@ -226,11 +242,12 @@ def swap_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str
     for name, m in list(model.named_modules()):
         if not isinstance(m, nn.Linear) or f"{name}.scales" not in state:
             continue
+        bias = m.bias is not None
         if f"{name}.mins" in state:
             group_size = m.in_features // state[f"{name}.scales"].shape[1]
-            _replace(model, name, Int4Linear(m.in_features, m.out_features, group_size))
+            _replace(model, name, Int4Linear(m.in_features, m.out_features, group_size, bias))
         else:
-            _replace(model, name, Int8Linear(m.in_features, m.out_features))
+            _replace(model, name, Int8Linear(m.in_features, m.out_features, bias))
         names.append(name)
     return names
 

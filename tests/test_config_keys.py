@@ -95,8 +95,37 @@ def test_keys_a_config_leaves_out_take_transformers_defaults():
 
 def test_the_loader_refuses_before_reading_any_tensor(tmp_path):
     """The weights file is not even valid safetensors: the key is named first."""
-    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "mlp_bias": True}))
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "sliding_window": 64}))
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
     (tmp_path / "tokenizer.json").write_text("{}")
-    with pytest.raises(ModelError, match="config key mlp_bias=True"):
+    with pytest.raises(ModelError, match="config key sliding_window=64"):
         load_hf_dir(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_a_rope_type_the_family_does_not_compute_is_refused_by_name(key):
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    with pytest.raises(ModelError, match=f"config key {key} rope_type='longrope'") as e:
+        config_class("llama").from_dict({**LLAMA, key: longrope})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "model_type, hf_class",
+    [("qwen2", "Qwen2Config"), ("mistral", "MistralConfig"), ("phi3", "Phi3Config")],
+)
+def test_an_absent_tie_word_embeddings_takes_the_familys_transformers_default(model_type, hf_class):
+    transformers = pytest.importorskip("transformers")
+    d = {k: v for k, v in LLAMA.items() if k != "tie_word_embeddings"}
+    config = config_class(model_type).from_dict({**d, "model_type": model_type})
+    assert config.tie_word_embeddings is getattr(transformers, hf_class)().tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    "model_type, window, context",
+    [("mistral", 4096, 32768), ("phi3", 2047, 4096)],  # Mistral 7B v0.1, Phi-3-mini-4k
+)
+def test_a_sliding_window_in_use_is_refused_by_name(model_type, window, context):
+    d = {**LLAMA, "model_type": model_type, "sliding_window": window}
+    with pytest.raises(ModelError, match=f"config key sliding_window={window} is not supported"):
+        config_class(model_type).from_dict({**d, "max_position_embeddings": context})
