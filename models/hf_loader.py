@@ -126,7 +126,9 @@ def load_hf_dir(
         raise ModelError(f"{folder} holds no .safetensors weights")
     if not (folder / "tokenizer.json").is_file():
         raise ModelError(f"{folder} has no tokenizer.json")
-    digest = hashlib.sha256()
+    # the weights and the config that says how they compute (a RoPE scaling edited into
+    # config.json changes every K/V the prefix cache keeps)
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode())
     for f in files:
         digest.update(file_digest(f, digest_memo).encode())
     weights, skipped = _read_weights(files, model_type, config, block)
