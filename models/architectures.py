@@ -6,6 +6,7 @@ import importlib
 
 from .config import MiniMaxM2Config, MiniMaxM3Config, ModelConfig, Qwen3Config
 from .errors import ModelError
+from .gemma_config import Gemma2Config, Gemma3Config
 
 # model_type -> (config class, "module:ModelClass")
 ARCHITECTURES = {
@@ -13,6 +14,9 @@ ARCHITECTURES = {
     "qwen3": (Qwen3Config, "qwen3:Qwen3"),
     "minimax_m2": (MiniMaxM2Config, "minimax_m2:MiniMaxM2"),
     "minimax_m3_vl": (MiniMaxM3Config, "minimax_m3:MiniMaxM3"),
+    "gemma2": (Gemma2Config, "gemma:Gemma2"),
+    "gemma3_text": (Gemma3Config, "gemma:Gemma3"),
+    "gemma3": (Gemma3Config, "gemma:Gemma3"),  # its text model (text_config); no vision
 }
 
 

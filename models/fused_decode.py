@@ -102,7 +102,11 @@ class FusedDecode:
 
     @staticmethod
     def fits(cache: KVCache) -> bool:
-        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files."""
+        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files, and
+        computes its plan (no sliding windows, no soft-capped logits)."""
+        plan = cache.plan
+        if plan.has_windows or plan.softcap is not None:
+            return False
         return not cache.int8 and cache.dtype == torch.float32 and cache.k[0].device.type == "cpu"
 
     def run(

@@ -35,9 +35,10 @@ def randomize(
     """Weights of spread `std` (the init's 0.02 leaves logits flat and any bug invisible); norms
     around `norm_mean` (1 for Llama-style, 0 for Gemma-style weight+1); router biases too."""
     g = torch.Generator().manual_seed(seed)
+    saved = model.state_dict()  # buffers that are not saved (Gemma's embed_scale) are constants
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if not t.is_floating_point() or "inv_freq" in name:
+            if not t.is_floating_point() or "inv_freq" in name or name not in saved:
                 continue
             noise = torch.randn(t.shape, generator=g) * std
             t.copy_(noise + (norm_mean if "norm" in name else 0.0))

@@ -41,6 +41,7 @@ EFFECTIVE = {
     "embedding_multiplier": 12.0,
     "residual_multiplier": 0.22,
     "logits_scaling": 8.0,
+    "use_bidirectional_attention": True,
 }
 
 
