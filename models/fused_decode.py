@@ -21,11 +21,12 @@ from torch import nn
 
 from msa.kernels import decoder_step as kernel
 
-from .attention_plan import AttentionPlan
+from .attention_plan import AttentionPlan, ModelAttention
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
 
 NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step computes"
+NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-capped logits"
 
 
 def linear_spec(linear: nn.Module):
@@ -81,6 +82,8 @@ class FusedDecode:
         c = model.config
         if c.rope_dim != c.head_dim or model.embed_tokens.weight.dtype != torch.float32:
             specs = None
+        if specs is not None and model.model_attention() != ModelAttention():
+            return NOT_PLAIN_ATTENTION
         if specs is not None and kernel.needs_build() and on_build is not None:
             on_build()
         extension = kernel.compiled_extension() if specs is not None else None
@@ -102,11 +105,7 @@ class FusedDecode:
 
     @staticmethod
     def fits(cache: KVCache) -> bool:
-        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files, and
-        computes its plan (no sliding windows, no soft-capped logits)."""
-        plan = cache.plan
-        if plan.has_windows or plan.softcap is not None:
-            return False
+        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files."""
         return not cache.int8 and cache.dtype == torch.float32 and cache.k[0].device.type == "cpu"
 
     def run(
