@@ -62,7 +62,7 @@ class AttentionPlan:
     ) -> AttentionPlan:
         model = model or ModelAttention()
         bounded = settings.bounded_from
-        dense_reason = SOFTCAP_DENSE if model.softcap is not None else None
+        dense_reason = always_dense_reason(model)
         return cls(
             block_size=block_size,
             sparse_from=math.inf if dense_reason else settings.sparse_from,
@@ -114,6 +114,11 @@ class AttentionPlan:
     def keeps_shared(self, layer: int) -> bool:
         """Whether `layer` makes the one selection the layers after it read."""
         return layer == self.selection_layer
+
+
+def always_dense_reason(model: ModelAttention) -> str | None:
+    """Why no query of `model` reads selected blocks, whatever the settings (None: MSA may)."""
+    return SOFTCAP_DENSE if model.softcap is not None else None
 
 
 def _first_global(layer: int | None, windows: tuple[int | None, ...]) -> int | None:

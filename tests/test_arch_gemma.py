@@ -4,10 +4,13 @@ decoding from the cache; MSA on the global layers."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from arch_checks import VOCAB, check_prompt_and_decode, randomize, reference_logits, save_hf_dir
 
+from msa.models.attention_plan import SOFTCAP_DENSE
 from msa.models.attention_settings import AttentionSettings
 from msa.models.fused_decode import NOT_PLAIN_LAYERS
 from msa.models.gemma import Gemma2, Gemma3
@@ -110,6 +113,17 @@ def test_gemma2_keeps_msa_dense_for_its_soft_capped_logits(gemma2):
     plan = model.new_cache(settings=MSA_ALL_BLOCKS).plan
     assert plan.dense_only and "soft-capped" in plan.dense_reason
     _check(model, hf_model, AttentionSettings(mode="msa", block_size=16, topk=2), "gemma2 msa")
+
+
+def test_verbose_says_why_gemma2_attends_densely_and_decodes_per_op(gemma2):
+    from msa.commands.local import _model_line
+
+    _, model = gemma2
+    model.prepare_decode()
+    loaded = SimpleNamespace(name="tiny-gemma2", source="here", weights="fp32", model=model)
+    line = _model_line(loaded, 0.1, 2, AttentionSettings(mode="msa"))
+    assert f"attention dense ({SOFTCAP_DENSE}), top-k 8" in line
+    assert line.endswith(f"decode op by op ({NOT_PLAIN_LAYERS})")
 
 
 def test_gemma3_matches_transformers(gemma3):
