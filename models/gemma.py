@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_plan import ModelAttention
+from .forward import ForwardContext
 from .gemma_config import Gemma2Config, Gemma3Config
 from .layers import GatedMLP, RMSNorm, RotaryEmbedding
 from .llama import Attention, Transformer
@@ -59,7 +60,7 @@ class GemmaBlock(nn.Module):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh_glu)
         self.post_feedforward_layernorm = norm()
 
-    def forward(self, x: torch.Tensor, ctx, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, layer))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

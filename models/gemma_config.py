@@ -139,12 +139,6 @@ class Gemma3Config(Gemma2Config):
             _refuse(cls, "rope_scaling", text["rope_scaling"])
         return super().from_dict(text)
 
-    @classmethod
-    def tiny(cls, **overrides) -> Gemma3Config:
-        base = dict(rope_local_base_freq=10000.0, rope_theta=1000000.0)
-        base.update(overrides)
-        return super().tiny(**base)
-
 
 def _rope_kind(scaling: dict | None) -> str | None:
     """The RoPE scaling type of a rope_scaling / rope_parameters entry; None for plain RoPE."""

@@ -12,6 +12,7 @@ from msa.models.architectures import config_class
 from msa.models.attention_settings import AttentionSettings
 from msa.models.errors import ModelError
 from msa.models.gemma import Gemma3
+from msa.models.gemma_config import Gemma3Config
 from msa.models.hf_loader import load_hf_dir
 from msa.models.loading import load_model
 
@@ -73,6 +74,20 @@ def test_gemma3_refuses_rope_it_does_not_compute_by_key(key, value):
     with pytest.raises(ModelError, match=f"config key {key}=") as e:
         config_class("gemma3_text").from_dict({**SHAPE, "model_type": "gemma3_text", key: value})
     assert "\n" not in str(e.value)
+
+
+def test_gemma3_rotates_global_layers_with_linear_scaling_and_local_ones_by_their_base():
+    config = Gemma3Config.tiny(
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8}
+    )
+    model = Gemma3(config)
+    positions = torch.tensor([0, 5, 1000, 70000])  # past the RoPE table's span too
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+    for rope, base, factor in [(model.rope, 1e6, 8.0), (model.local_rope, 1e4, 1.0)]:
+        angles = positions[:, None].double() * (1.0 / base**half) / factor  # [P, D/2]
+        cos, sin = rope.cos_sin(positions)
+        assert_close(cos, torch.cat([angles.cos(), angles.cos()], -1), atol=1e-5, what="cos")
+        assert_close(sin, torch.cat([angles.sin(), angles.sin()], -1), atol=1e-5, what="sin")
 
 
 def test_an_exact_gelu_is_refused():
