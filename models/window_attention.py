@@ -9,9 +9,8 @@ input. Soft-capping maps each scaled logit x to `cap * tanh(x / cap)` before the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from msa.kernels.dense import dense_attention_sdpa
+from msa.kernels.dense import dense_attention_sdpa, masked_attention_sdpa
 
 # Soft-capped attention materializes its logits: at most this many per slice of queries.
 _SOFTCAP_SLICE_LOGITS = 1 << 24
@@ -44,20 +43,9 @@ def dense_window_attention(
     allowed = key_pos <= positions  # [Tq, n]
     if window is not None:
         allowed &= key_pos > positions - window
-    if softcap is None:
-        return _sdpa(q, k, v, allowed)
+    if softcap is None:  # one query (decode) reads every key of its window: no mask
+        return masked_attention_sdpa(q, k, v, None if tq == 1 else allowed, q.shape[-1] ** -0.5)
     return _softcapped(q, k, v, allowed, softcap)
-
-
-def _sdpa(q, k, v, allowed):
-    """PyTorch's fused attention with the G query heads of a KV group folded into the rows."""
-    hq, tq, d = q.shape
-    hkv = k.shape[0]
-    group = hq // hkv
-    folded = q.reshape(1, hkv, group * tq, d)  # [1, Hkv, G*Tq, D], rows (g, t)
-    mask = None if bool(allowed.all()) else allowed.repeat(group, 1)  # [G*Tq, n]
-    o = F.scaled_dot_product_attention(folded, k[None], v[None], attn_mask=mask, scale=d**-0.5)
-    return o.view(hq, tq, d)
 
 
 def _softcapped(q, k, v, allowed, cap: float):
