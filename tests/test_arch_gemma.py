@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from arch_checks import VOCAB, check_prompt_and_decode, randomize, reference_logits, save_hf_dir
+from conftest import assert_close
 
 from msa.models.attention_plan import SOFTCAP_DENSE
 from msa.models.attention_settings import AttentionSettings
@@ -141,3 +142,26 @@ def test_msa_on_gemma3_global_layers_with_every_block_equals_dense(gemma3):
     assert plan.selection_layer == 2  # the first global layer from the configured 0
     assert not plan.dense_only
     _check(model, hf_model, MSA_ALL_BLOCKS, "gemma3 msa")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [AttentionSettings(mode="dense", block_size=16), AttentionSettings(mode="msa", block_size=16)],
+    ids=["dense", "msa"],
+)
+def test_gemma3_continues_from_restored_prefix_blocks(gemma3, settings):
+    """Blocks put back from the prefix cache are copied in as they are read: a local layer reads
+    only its window of them; what follows equals the forward that computed them."""
+    _, model = gemma3
+    ids = _prompt()
+    computed = model.new_cache(settings=settings)
+    model(torch.tensor(ids[:160]), computed)
+    restored = model.new_cache(settings=settings)
+    for b in range(160 // 16):
+        restored.import_block(b, computed.export_block(b))
+    for cache in (computed, restored):
+        rest = [model(torch.tensor(ids[160:200]), cache, all_logits=True)]
+        rest += [model(torch.tensor([t]), cache, all_logits=True) for t in ids[200:210]]
+        if cache is computed:
+            expected = torch.cat(rest)
+    assert_close(torch.cat(rest), expected, atol=1e-5, what="after restored blocks")
