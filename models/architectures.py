@@ -7,6 +7,7 @@ import importlib
 from .config import MiniMaxM2Config, MiniMaxM3Config, ModelConfig, Qwen3Config
 from .errors import ModelError
 from .family_configs import MistralConfig, Phi3Config, Qwen2Config
+from .gemma_config import Gemma2Config, Gemma3Config
 
 # model_type -> (config class, "module:ModelClass")
 ARCHITECTURES = {
@@ -17,6 +18,9 @@ ARCHITECTURES = {
     "phi3": (Phi3Config, "llama:Transformer"),  # fused checkpoint tensors split on load
     "minimax_m2": (MiniMaxM2Config, "minimax_m2:MiniMaxM2"),
     "minimax_m3_vl": (MiniMaxM3Config, "minimax_m3:MiniMaxM3"),
+    "gemma2": (Gemma2Config, "gemma:Gemma2"),
+    "gemma3_text": (Gemma3Config, "gemma:Gemma3"),
+    "gemma3": (Gemma3Config, "gemma:Gemma3"),  # its text model (text_config); no vision
 }
 
 

@@ -1,8 +1,11 @@
 """The one attention entry of the models: `attend(q, keys, values, ctx, layer)`.
 
 It reads the plan of `ctx` (attention_plan.py) and picks, for the queries of one forward:
+- in a local layer (the plan gives it a sliding window), dense attention over the window, for
+  every query: MSA selects blocks only in the global layers;
 - dense attention for the queries before `plan.sparse_from` (all of a chunk that lies there
-  takes PyTorch's fused kernel directly, no argument checks per layer);
+  takes PyTorch's fused kernel directly, no argument checks per layer, window_attention.py; so
+  do soft-capped logits, which keep the whole model dense, in plain PyTorch);
 - one sparse query (a decode step): msa_decode.py's path, the same attention in far fewer ops;
 - a sparse chunk: msa.py's chunked MSA, at true positions before `plan.bounded_from` and with
   far blocks moved to a bounded distance from there on.
@@ -16,11 +19,11 @@ from __future__ import annotations
 import torch
 
 from msa.kernels import dense_attention
-from msa.kernels.dense import dense_attention_sdpa
 
 from .forward import ForwardContext
 from .msa import chunk_attend
 from .msa_decode import decode_attend
+from .window_attention import dense_window_attention, window_start
 
 
 def attend(
@@ -34,9 +37,10 @@ def attend(
         ctx.observer(cache, layer, q, q_start)
     tq = q.shape[1]
     n_dense = plan.n_dense(q_start, tq)
-    if n_dense == tq:
-        cache.load_tokens(layer, 0, q_start + tq)
-        return dense_attention_sdpa(q, q_start, keys, values, q.shape[-1] ** -0.5)
+    window = plan.window(layer)
+    if window is not None or n_dense == tq:
+        cache.load_tokens(layer, window_start(q_start, window), q_start + tq)
+        return dense_window_attention(q, q_start, keys, values, window, plan.softcap)
     if tq == 1:
         return decode_attend(q, ctx, layer)
     parts = []

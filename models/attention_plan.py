@@ -1,7 +1,9 @@
 """The attention plan: `AttentionSettings` resolved for one cache, and the one place that says
-which queries attend densely, which read selected blocks at true or at bounded positions, and
-which layers share the selection layer's blocks. The dispatch (attention.py), the one-query MSA
-path (msa_decode.py) and the fused decode step (fused_decode.py) all read it from here."""
+which queries attend densely, which read selected blocks at true or at bounded positions, which
+layers share the selection layer's blocks, which layers attend only to a sliding window of
+recent keys, and whether attention logits are soft-capped. The dispatch (attention.py), the
+one-query MSA path (msa_decode.py) and the fused decode step (fused_decode.py) all read it from
+here."""
 
 from __future__ import annotations
 
@@ -26,6 +28,20 @@ def resolve_settings(settings: AttentionSettings | None, config) -> AttentionSet
 
 
 @dataclass(frozen=True)
+class ModelAttention:
+    """What a model fixes about its attention whatever the settings (its `model_attention()`):
+    each layer's sliding window (None: a global layer; (): all global) and the soft-cap of its
+    attention logits (Gemma 2)."""
+
+    windows: tuple[int | None, ...] = ()
+    softcap: float | None = None
+
+
+# Why the plan keeps a soft-capped model dense: MSA's sparse ops compute plain softmax.
+SOFTCAP_DENSE = "attention logits are soft-capped, which MSA's sparse kernels do not compute"
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     block_size: int
     sparse_from: float  # the first query position that reads selected blocks (inf: never)
@@ -34,19 +50,39 @@ class AttentionPlan:
     local_blocks: int
     sink_blocks: int
     selection_layer: int | None
+    # per layer: a local layer's query at p reads the keys in (p - window, p], densely (MSA
+    # selects blocks only in the global layers, None here); () : every layer is global
+    windows: tuple[int | None, ...] = ()
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
+    dense_reason: str | None = None  # why no query reads selected blocks whatever the settings
 
     @classmethod
-    def of(cls, settings: AttentionSettings, block_size: int) -> AttentionPlan:
+    def of(
+        cls, settings: AttentionSettings, block_size: int, model: ModelAttention | None = None
+    ) -> AttentionPlan:
+        model = model or ModelAttention()
         bounded = settings.bounded_from
+        dense_reason = always_dense_reason(model)
         return cls(
             block_size=block_size,
-            sparse_from=settings.sparse_from,
+            sparse_from=math.inf if dense_reason else settings.sparse_from,
             bounded_from=math.inf if bounded is None else bounded,
             topk=settings.topk,
             local_blocks=settings.local_blocks,
             sink_blocks=settings.sink_blocks,
-            selection_layer=settings.selection_layer,
+            selection_layer=_first_global(settings.selection_layer, model.windows),
+            windows=tuple(model.windows),
+            softcap=model.softcap,
+            dense_reason=dense_reason,
         )
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a local `layer`, or None for a global one."""
+        return self.windows[layer] if layer < len(self.windows) else None
+
+    @property
+    def has_windows(self) -> bool:
+        return any(w is not None for w in self.windows)
 
     @property
     def dense_only(self) -> bool:
@@ -78,6 +114,21 @@ class AttentionPlan:
     def keeps_shared(self, layer: int) -> bool:
         """Whether `layer` makes the one selection the layers after it read."""
         return layer == self.selection_layer
+
+
+def always_dense_reason(model: ModelAttention) -> str | None:
+    """Why no query of `model` reads selected blocks, whatever the settings (None: MSA may)."""
+    return SOFTCAP_DENSE if model.softcap is not None else None
+
+
+def _first_global(layer: int | None, windows: tuple[int | None, ...]) -> int | None:
+    """The first global layer at or after `layer` (the selection layer must select blocks, which
+    local layers never do), None if there is none or `layer` is None."""
+    if layer is None:
+        return None
+    while layer < len(windows) and windows[layer] is not None:
+        layer += 1
+    return None if windows and layer >= len(windows) else layer
 
 
 def _n_before(limit: float, start: int, count: int) -> int:

@@ -65,6 +65,10 @@ class ModelConfig:
         """Channels of each head that RoPE rotates."""
         return int(self.head_dim * self.partial_rotary_factor)
 
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: a global layer); () when every layer is global."""
+        return ()
+
     @property
     def group_size(self) -> int:
         """Query heads that share one KV head (GQA)."""

@@ -59,6 +59,7 @@ MATH_KEYS: dict[str, Callable[[object, dict], bool]] = {
     "embedding_multiplier": lambda value, d: value in (None, 1, 1.0),
     "residual_multiplier": lambda value, d: value in (None, 1, 1.0),
     "logits_scaling": lambda value, d: value in (None, 1, 1.0),
+    "use_bidirectional_attention": _off,  # Gemma 3 embedding models: not causal
 }
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation")
 TYPE_KEYS = ("rope_type", "type")  # transformers 5's spelling, then the older one

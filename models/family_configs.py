@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ModelConfig
+from .config_keys import MATH_KEYS
 
 # RoPE settings every one of these computes (rope_scaling.py)
 _ROPE_KEYS = frozenset({"partial_rotary_factor", "rope_scaling", "rope_parameters"})
@@ -25,26 +26,44 @@ class Qwen2Config(ModelConfig):
 
 
 @dataclass
-class MistralConfig(ModelConfig):
-    """Mistral: the Llama decoder. Its `sliding_window` (4096 in Mistral 7B v0.1) is refused
-    until the attention plan computes windows; later versions set it to null."""
+class WindowedConfig(ModelConfig):
+    """A Llama decoder whose every layer may attend through one `sliding_window` (a query at p
+    reads the keys in (p - window, p]); None where the config has none or switches it off."""
+
+    sliding_window: int | None = None
+
+    implemented_keys = _ROPE_KEYS | {"sliding_window"}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if MATH_KEYS["sliding_window"](d.get("sliding_window"), d):
+            d = {**d, "sliding_window": None}  # named but not in use
+        return super().from_dict(d)
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        w = self.sliding_window
+        return (w,) * self.num_hidden_layers if w else ()
+
+
+@dataclass
+class MistralConfig(WindowedConfig):
+    """Mistral: the Llama decoder, with a sliding window on every layer where the config sets
+    one (4096 in Mistral 7B v0.1; later versions set it to null)."""
 
     architecture: str = "mistral"
     max_position_embeddings: int = 32768
 
-    implemented_keys = _ROPE_KEYS
-
 
 @dataclass
-class Phi3Config(ModelConfig):
+class Phi3Config(WindowedConfig):
     """Phi-3 / Phi-3.5 mini: the Llama decoder; the checkpoint's fused qkv_proj and gate_up_proj
     are split on load (phi3.py), `longrope` scaling ("su" and "yarn" in older configs mean it
-    too, as in transformers)."""
+    too, as in transformers), and a sliding window on every layer where the config sets one
+    (2047 in Phi-3-mini-4k)."""
 
     architecture: str = "phi3"
     max_position_embeddings: int = 4096
 
-    implemented_keys = _ROPE_KEYS
     rope_types = ("longrope",)
 
     @classmethod

@@ -41,6 +41,9 @@ class ForwardContext:
     observer: AttentionObserver | None = None
     # the selection layer's blocks for the layers after it: ((first query, n queries), blocks)
     shared_selection: tuple | None = None
+    # the local layers' RoPE angles where they differ from the global ones (Gemma 3's two bases)
+    local_cos: torch.Tensor | None = None
+    local_sin: torch.Tensor | None = None
 
     @classmethod
     def open(
@@ -52,9 +55,21 @@ class ForwardContext:
         *,
         question_from: int | None = None,
         observer: AttentionObserver | None = None,
+        local_rope: RotaryEmbedding | None = None,
     ) -> ForwardContext:
+        """`rope`: the global layers' (the cache re-rotates far blocks with it); `local_rope`:
+        the local layers' (sliding window, attention_plan.py), None: the same."""
         cos, sin = rope.cos_sin_range(start, count)
-        return cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
+        ctx = cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
+        if local_rope is not None:
+            ctx.local_cos, ctx.local_sin = local_rope.cos_sin_range(start, count)
+        return ctx
+
+    def angles(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [count, R] of the new tokens in `layer`."""
+        if self.local_cos is not None and self.plan.window(layer) is not None:
+            return self.local_cos, self.local_sin
+        return self.cos, self.sin
 
     def in_question(self, q_start: int) -> bool:
         """Whether the chunk of queries from `q_start` is part of the question."""

@@ -21,11 +21,12 @@ from torch import nn
 
 from msa.kernels import decoder_step as kernel
 
-from .attention_plan import AttentionPlan
+from .attention_plan import AttentionPlan, ModelAttention
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
 
 NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step computes"
+NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-capped logits"
 
 
 def linear_spec(linear: nn.Module):
@@ -84,6 +85,8 @@ class FusedDecode:
         c = model.config
         if c.rope_dim != c.head_dim or model.embed_tokens.weight.dtype != torch.float32:
             specs = None
+        if specs is not None and model.model_attention() != ModelAttention():
+            return NOT_PLAIN_ATTENTION
         if specs is not None and kernel.needs_build() and on_build is not None:
             on_build()
         extension = kernel.compiled_extension() if specs is not None else None

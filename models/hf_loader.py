@@ -29,6 +29,11 @@ NAME_MAPS = {
     "mistral": [(r"^model\.", "")],
     "phi3": [(r"^model\.", "")],
     "minimax_m2": [(r"^model\.", ""), *_EXPERTS],
+    "gemma2": [(r"^model\.", "")],
+    "gemma3_text": [(r"^model\.", "")],
+    # Gemma3ForConditionalGeneration: model.language_model.* (transformers 5) or
+    # language_model.model.* (transformers 4)
+    "gemma3": [(r"^(model\.language_model|language_model\.model)\.", "")],
     "minimax_m3_vl": [
         (r"^language_model\.model\.", ""),
         (r"^language_model\.lm_head\.", "lm_head."),
@@ -42,6 +47,7 @@ SPLITS = {"phi3": split_fused_projections}
 # side.
 SKIPPED = {
     "minimax_m2": r"(^|\.)mtp\.",
+    "gemma3": r"^(model\.)?(vision_tower|multi_modal_projector)\.",
     "minimax_m3_vl": r"^(vision_tower|multi_modal_projector|patch_merge_mlp)\.|(^|\.)mtp\.",
 }
 _LAYER = re.compile(r"^layers\.(\d+)\.")

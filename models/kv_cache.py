@@ -40,7 +40,7 @@ import torch
 
 from msa.kernels import block_summaries
 
-from .attention_plan import AttentionPlan
+from .attention_plan import AttentionPlan, ModelAttention
 from .attention_settings import AttentionSettings
 from .kv_int8 import round_rows
 from .kv_restore import RestoredBlocks
@@ -72,13 +72,14 @@ class KVCache(RestoredBlocks):
         settings: AttentionSettings | None = None,
         storage_dir: Path | None = None,
         rope: RotaryEmbedding | None = None,
+        model_attention: ModelAttention | None = None,
     ):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.rope = rope
         self.block_size = block_size
         self.dtype = dtype
         self.settings = settings or AttentionSettings()
-        self.plan = AttentionPlan.of(self.settings, block_size)
+        self.plan = AttentionPlan.of(self.settings, block_size, model_attention)
         self.storage_dir = storage_dir
         self.length = 0
         cap = self._round_up(max(capacity, block_size))

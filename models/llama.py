@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend
-from .attention_plan import resolve_settings
+from .attention_plan import ModelAttention, resolve_settings
 from .attention_settings import AttentionSettings
 from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
 from .fused_decode import FusedDecode, layer_spec
 from .kv_cache import KVCache
-from .layers import RMSNorm, apply_rope, embedding
+from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
 from .rope_scaling import rotary_embedding
 
 
@@ -44,7 +44,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         t = x.shape[0]
         d = self.head_dim
-        cos, sin = ctx.cos, ctx.sin
+        cos, sin = ctx.angles(layer)
         if self.fused_sizes is not None and type(self).qk_norm is Attention.qk_norm:
             # fused and no q/k norm: rotate q and k in one go
             qkv = self.qkv_proj(x)
@@ -123,6 +123,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     block_class = Block  # the decoder layer, built as block_class(config, layer index)
     norm_offset = 0.0  # RMSNorm scales by weight + norm_offset (1: Gemma style)
+    local_rope: RotaryEmbedding | None = None  # the local layers' RoPE, if not self.rope
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -159,7 +160,20 @@ class Transformer(nn.Module):
             settings=settings,
             storage_dir=storage_dir,
             rope=self.rope,
+            model_attention=self.model_attention(),
         )
+
+    def model_attention(self) -> ModelAttention:
+        """What this model fixes about attention: its config's sliding windows, if any."""
+        return ModelAttention(windows=self.config.layer_windows())
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, hidden] of `tokens` [T] entering the first layer."""
+        return self.embed_tokens(tokens)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] of the last layer's hidden states x [..., hidden], in x's dtype."""
+        return self.lm_head(self.norm(x))
 
     def prepare_decode(self, on_build: Callable[[], None] | None = None) -> str | None:
         """Build the fused decode step now rather than at the first one-token forward;
@@ -203,15 +217,21 @@ class Transformer(nn.Module):
             and self.prepare_decode() is None
         ):
             cos, sin = self.rope.cos_sin_range(start, 1)
-            x = self.embed_tokens(tokens)[0].contiguous()
-            logits = self.lm_head(self.norm(self.fused_decode.run(x, cos[0], sin[0], cache)))
+            x = self.embed(tokens)[0].contiguous()
+            logits = self.logits(self.fused_decode.run(x, cos[0], sin[0], cache))
             return logits.float()[None] if all_logits else logits.float()
         ctx = ForwardContext.open(
-            cache, self.rope, start, count, question_from=question_from, observer=observer
+            cache,
+            self.rope,
+            start,
+            count,
+            question_from=question_from,
+            observer=observer,
+            local_rope=self.local_rope,
         )
-        x = self.embed_tokens(tokens)  # [T, hidden]
+        x = self.embed(tokens)  # [T, hidden]
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, i)
         cache.advance(count)
         x = x if all_logits else x[-1]
-        return self.lm_head(self.norm(x)).float()
+        return self.logits(x).float()

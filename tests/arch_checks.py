@@ -35,9 +35,10 @@ def randomize(
     """Weights of spread `std` (the init's 0.02 leaves logits flat and any bug invisible); norms
     around `norm_mean` (1 for Llama-style, 0 for Gemma-style weight+1); router biases too."""
     g = torch.Generator().manual_seed(seed)
+    saved = model.state_dict()  # buffers that are not saved (Gemma's embed_scale) are constants
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if not t.is_floating_point() or "inv_freq" in name:
+            if not t.is_floating_point() or "inv_freq" in name or name not in saved:
                 continue
             noise = torch.randn(t.shape, generator=g) * std
             t.copy_(noise + (norm_mean if "norm" in name else 0.0))
@@ -68,13 +69,19 @@ def check_prompt_and_decode(
     atol: float,
     what: str,
     settings=None,
+    prefill_chunk: int | None = None,
 ) -> None:
-    """Our logits for the whole prompt, then prefill `n_prefill` tokens and decode the rest one
-    at a time through the cache: every position must match transformers' full forward."""
+    """Our logits for the whole prompt, then prefill `n_prefill` tokens (in chunks of
+    `prefill_chunk` if given) and decode the rest one at a time through the cache: every position
+    must match transformers' full forward."""
     got = model(torch.tensor(ids), model.new_cache(settings=settings), all_logits=True)
     assert_close(got, expected, atol=atol, what=f"{what} prompt")
     cache = model.new_cache(settings=settings)
-    steps = [model(torch.tensor(ids[:n_prefill]), cache, all_logits=True)]
+    chunk = prefill_chunk or n_prefill
+    steps = [
+        model(torch.tensor(ids[i : min(i + chunk, n_prefill)]), cache, all_logits=True)
+        for i in range(0, n_prefill, chunk)
+    ]
     for tok in ids[n_prefill:]:
         steps.append(model(torch.tensor([tok]), cache, all_logits=True))
     assert cache.length == len(ids)

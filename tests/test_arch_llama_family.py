@@ -154,6 +154,24 @@ def test_mistral_without_a_window_matches_transformers(tmp_path):
     assert loaded.model.prepare_decode() is None, loaded.model.per_op_reason
 
 
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_a_sliding_window_on_every_layer_matches_transformers(tmp_path, family):
+    """A window of 32 over the 256-token prompt: every layer reads only its last 32 keys, in
+    prefill and in cached decoding (and the fused step, which has no window, stays out)."""
+    if family == "mistral":
+        hf_config = transformers.MistralConfig(**SHAPE, sliding_window=32)
+        hf_model = transformers.MistralForCausalLM(hf_config)
+    else:
+        hf_config = transformers.Phi3Config(**SHAPE, sliding_window=32, pad_token_id=0)
+        hf_model = transformers.Phi3ForCausalLM(hf_config)
+    loaded = check_family(hf_model.eval(), tmp_path / family, f"{family} window")
+    assert loaded.model.model_attention().windows == (32, 32)
+    assert loaded.model.prepare_decode() is not None  # per op: the fused step has no window
+    windowed = reference_logits(hf_model, prompt())
+    hf_model.config.sliding_window = None
+    assert (reference_logits(hf_model, prompt()) - windowed).abs().max() > 1e-2  # it matters
+
+
 def test_phi3_fused_tensors_partial_rotary_and_longrope_match_transformers(tmp_path):
     rope_dim = 64 // 4 // 2  # head_dim 16, half of it rotates
     hf_config = transformers.Phi3Config(

@@ -41,6 +41,7 @@ EFFECTIVE = {
     "embedding_multiplier": 12.0,
     "residual_multiplier": 0.22,
     "logits_scaling": 8.0,
+    "use_bidirectional_attention": True,
 }
 
 
@@ -122,10 +123,20 @@ def test_an_absent_tie_word_embeddings_takes_the_familys_transformers_default(mo
 
 
 @pytest.mark.parametrize(
-    "model_type, window, context",
-    [("mistral", 4096, 32768), ("phi3", 2047, 4096)],  # Mistral 7B v0.1, Phi-3-mini-4k
+    "model_type, window, context, expected",
+    [
+        ("mistral", 4096, 32768, (4096, 4096)),  # Mistral 7B v0.1: every layer
+        ("phi3", 2047, 4096, (2047, 2047)),  # Phi-3-mini-4k
+        ("mistral", 32768, 32768, ()),  # as long as the context: no window
+    ],
 )
-def test_a_sliding_window_in_use_is_refused_by_name(model_type, window, context):
+def test_a_sliding_window_in_use_is_every_layers(model_type, window, context, expected):
     d = {**LLAMA, "model_type": model_type, "sliding_window": window}
-    with pytest.raises(ModelError, match=f"config key sliding_window={window} is not supported"):
-        config_class(model_type).from_dict({**d, "max_position_embeddings": context})
+    config = config_class(model_type).from_dict({**d, "max_position_embeddings": context})
+    assert config.layer_windows() == expected
+
+
+def test_a_qwen2_window_in_use_is_refused_by_name():
+    d = {**LLAMA, "model_type": "qwen2", "sliding_window": 64, "use_sliding_window": True}
+    with pytest.raises(ModelError, match="config key sliding_window=64 is not supported"):
+        config_class("qwen2").from_dict(d)

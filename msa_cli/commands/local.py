@@ -31,7 +31,13 @@ def local_model(
 
 def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     """--verbose: which model, from where, and the settings that shape reading."""
+    from msa.models.attention_plan import always_dense_reason
+
     block = attention.block_size or "the model's"
+    mode = attention.mode
+    dense_reason = always_dense_reason(loaded.model.model_attention())
+    if dense_reason and mode != "dense":
+        mode = f"dense ({dense_reason})"
     decode = (
         "in one fused CPU step"
         if loaded.model.per_op_reason is None
@@ -40,7 +46,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "
         f"loaded in {load_s:.2f} s; {n_threads} threads; "
-        f"attention {attention.mode}, top-k {attention.topk}, block size {block}, "
+        f"attention {mode}, top-k {attention.topk}, block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
         f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}"
     )
