@@ -18,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 
 from .errors import ModelError
 from .gguf_pretokenizers import PRE_TOKENIZERS
@@ -131,8 +139,12 @@ def sentencepiece_tokenizer(
     merges = [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in candidates]
     unk = next((tokens[i] for i, k in enumerate(types) if k == _UNKNOWN), None)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=_SPACE, prepend_scheme="always" if add_space_prefix else "never", split=False
+    # Spaces become the mark in each piece of text between whole-matched tokens; with the prefix,
+    # each such piece starts with one more (sentencepiece's dummy prefix, even before a space,
+    # where `Metaspace` would add none).
+    spaces = [normalizers.Replace(" ", _SPACE)]
+    tokenizer.normalizer = normalizers.Sequence(
+        ([normalizers.Prepend(_SPACE)] if add_space_prefix else []) + spaces
     )
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
