@@ -81,8 +81,13 @@ def vocab_from_metadata(fields: Mapping[str, object]) -> GgufVocab:
     if not tokens:
         raise ModelError("the GGUF file has no vocabulary (tokenizer.ggml.tokens)")
     types = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    scores = list(fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    if len(types) < len(tokens) or len(scores) < len(tokens):
+        raise ModelError(
+            f"the GGUF vocabulary has {len(tokens)} tokens but {len(types)} token types and "
+            f"{len(scores)} scores"
+        )
     if kind == "llama":
-        scores = list(fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
         tokenizer = sentencepiece_tokenizer(tokens, scores, types, add_space_prefix=prefix)
         default_bos, default_eos, default_add_bos = 1, 2, True
