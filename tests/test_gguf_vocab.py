@@ -9,7 +9,7 @@ import pytest
 from msa.engine.prompt import build_prompt
 from msa.models.errors import ModelError
 from msa.models.gguf_vocab import vocab_from_metadata
-from msa.models.tokenizer import ChatTemplate, TextTokenizer
+from msa.models.tokenizer import ChatTemplate, StreamingDecoder, TextTokenizer
 
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
 # ids 259.. (after <unk>, <s>, </s> and the 256 bytes), with their scores
@@ -82,9 +82,15 @@ def encode(vocab, text: str) -> list[int]:
     ],
 )
 def test_sentencepiece_ids_by_hand(spm_file, text, ids):
+    assert encode(read_vocab(spm_file), text) == ids
+
+
+def test_sentencepiece_streams_the_text_back(spm_file):
+    """Byte pieces held back until their character is whole; the prefix space not shown."""
     vocab = read_vocab(spm_file)
-    assert encode(vocab, text) == ids
-    assert vocab.tokenizer.decode(ids, skip_special_tokens=False).replace("<s>", "") != ""
+    for text in ["a\u20acb abc", " abc", "ab\nc"]:
+        stream = StreamingDecoder(vocab.tokenizer)
+        assert "".join(stream.push(i) for i in encode(vocab, text)) == text
 
 
 def test_sentencepiece_matches_transformers(spm_file):
