@@ -4,9 +4,9 @@
 Two vocabulary kinds (`tokenizer.ggml.model`):
 - "llama": SentencePiece pieces with scores. llama.cpp tokenizes them by BPE over the scores:
   starting from characters, it merges the adjacent pair whose joined text is a token with the
-  highest score, leftmost first. That is a `tokenizers` BPE whose merges are every split of every
-  token into two tokens, ranked by the joined token's score (not its Unigram model, which finds
-  the best-scoring segmentation instead); characters that are no token fall back to <0xNN> bytes.
+  highest score, leftmost first. That is a `tokenizers` BPE with merges ranked by the joined
+  token's score (gguf_spm_merges.py; not its Unigram model, which finds the best-scoring
+  segmentation instead); characters that are no token fall back to <0xNN> bytes.
 - "gpt2": byte-level BPE with the file's merges, after the text split `tokenizer.ggml.pre` names
   (gguf_pretokenizers.py).
 Tokens the file marks control or user-defined are matched whole in the text first, as llama.cpp
@@ -30,6 +30,7 @@ from tokenizers import (
 
 from .errors import ModelError
 from .gguf_pretokenizers import PRE_TOKENIZERS
+from .gguf_spm_merges import spm_merges
 
 # GGUF token types (gguf.TokenType)
 _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 2, 3, 4, 6
@@ -131,17 +132,8 @@ def sentencepiece_tokenizer(
 ) -> Tokenizer:
     """llama.cpp's SentencePiece tokenization (`llm_tokenizer_spm`) as a `tokenizers` BPE."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    matched_whole = {i for i, k in enumerate(types) if k in (_UNKNOWN, _CONTROL, _USER_DEFINED)}
-    candidates = []
-    for token, i in vocab.items():
-        if i in matched_whole:
-            continue  # never inside the text the model sees
-        for cut in range(1, len(token)):
-            left = token[:cut]
-            if left in vocab and token[cut:] in vocab:
-                candidates.append((-scores[i], i, cut))
-    candidates.sort()
-    merges = [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in candidates]
+    matched_whole = (_UNKNOWN, _CONTROL, _USER_DEFINED)  # never inside the text the model sees
+    merges = spm_merges(tokens, scores, {i for i, k in enumerate(types) if k not in matched_whole})
     unk = next((tokens[i] for i, k in enumerate(types) if k == _UNKNOWN), None)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True))
     # Spaces become the mark in each piece of text between whole-matched tokens; with the prefix,
