@@ -76,7 +76,11 @@ def test_prompt_settings():
     # <end_of_turn>, found by its text as llama.cpp finds it
     assert (gemma["chat_template"], gemma["add_bos"], gemma["bos_token"]) == ("", True, "<bos>")
     assert gemma["eos_ids"][:2] == [1, 106]
+    # the whole set is llama.cpp's end-of-generation set (llama_vocab_is_eog, llama-cpp-python
+    # 0.3.36), "</s>" (212, Gemma's HTML strikethrough end) included as llama.cpp includes it
+    assert sorted(gemma["eos_ids"]) == [1, 106, 212]
     _, _, qwen = converted(QWEN)
     assert qwen["chat_template"].startswith("{%- if tools %}")
     assert (qwen["add_bos"], qwen["eos_token"]) == (False, "<|im_end|>")
     assert qwen["eos_ids"][:2] == [151645, 151643]  # <|im_end|>, then <|endoftext|>
+    assert sorted(qwen["eos_ids"]) == [128247, 151643, 151645, 151662, 151663, 151664]
