@@ -19,9 +19,11 @@ from .config import ModelConfig
 from .digests import file_digest, memo_dir
 from .errors import ModelError
 from .gguf_names import our_name, unpermute_rows
-from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
+from .gguf_vocab import vocab_from_metadata
+from .tokenizer import ChatTemplate, TextTokenizer
 
-CONVERTED_FORMAT = 2  # 2: meta.json says how the file stores its layers' weights
+CONVERTED_FORMAT = 3  # 2: meta.json says how the file stores its layers' weights; 3: and the
+# prompt's BOS, EOS and stop tokens (gguf_vocab.py)
 
 _SUPPORTED_ARCHS = {"llama"}
 
@@ -93,26 +95,12 @@ def _weights_from_tensors(reader, config: ModelConfig) -> dict[str, torch.Tensor
     return weights
 
 
-def _tokenizer_from_metadata(reader) -> tuple[str, str, list[int]]:
-    model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelError(
-            f"GGUF tokenizer {model!r} is not supported (supported: gpt2 byte-level BPE)"
-        )
-    tok = tokenizer_from_gguf_vocab(
-        tokens=_field(reader, "tokenizer.ggml.tokens"),
-        merges=_field(reader, "tokenizer.ggml.merges") or [],
-        token_types=_field(reader, "tokenizer.ggml.token_type") or [],
-        pre=_field(reader, "tokenizer.ggml.pre", "default"),
+def _tokenizer_from_metadata(reader) -> tuple[str, dict]:
+    """The tokenizer.json text, and the meta.json entries of the prompt (gguf_vocab.py)."""
+    vocab = vocab_from_metadata(
+        {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
     )
-    template = _field(reader, "tokenizer.chat_template")
-    if not template:
-        raise ModelError("the GGUF file has no chat template (tokenizer.chat_template)")
-    eos = [int(_field(reader, "tokenizer.ggml.eos_token_id"))]
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    if eot is not None and int(eot) not in eos:
-        eos.append(int(eot))
-    return tok.to_str(), template, eos
+    return vocab.tokenizer.to_str(), vocab.meta()
 
 
 def _convert(path: Path, digest: str, out: Path) -> None:
@@ -125,7 +113,7 @@ def _convert(path: Path, digest: str, out: Path) -> None:
         raise ModelError(f"{path} is not a readable GGUF file ({e})") from None
     config = _config_from_metadata(reader)
     weights = _weights_from_tensors(reader, config)
-    tokenizer_json, template, eos = _tokenizer_from_metadata(reader)
+    tokenizer_json, prompt_meta = _tokenizer_from_metadata(reader)
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "model.safetensors", lambda p: save_file(weights, str(p)))
     write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
@@ -134,8 +122,7 @@ def _convert(path: Path, digest: str, out: Path) -> None:
         "digest": digest,
         "source": str(path),
         "config": config.to_dict(),
-        "chat_template": template,
-        "eos_ids": eos,
+        **prompt_meta,
         "name": _field(reader, "general.name", path.stem),
         "stored_quantization": _stored_quantization(reader),
     }
@@ -184,12 +171,8 @@ def load_gguf(
         if q4_1_as_int4 is None:
             q4_1_as_int4 = stored == "int4"
         weights = _read_weights(path, out / "model.safetensors", config, q4_1_as_int4)
-        template = ChatTemplate(meta["chat_template"])
+        template = ChatTemplate.from_meta(meta)
         tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
-        vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
-        inv = {i: t for t, i in vocab.items()}
-        template.bos_token = inv.get(config.bos_token_id, "")
-        template.eos_token = inv.get(meta["eos_ids"][0], "")
         return Checkpoint(
             name=name or meta["name"],
             config=config,

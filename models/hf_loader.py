@@ -97,17 +97,14 @@ def _read_json(path: Path) -> dict:
 
 
 def _chat_template(folder: Path, tok_config: dict) -> str:
+    """The model's chat template; "" for none (a base model: a plain prompt, see ChatTemplate)."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
     template = tok_config.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if not template:
-        raise ModelError(
-            f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json)"
-        )
-    return template
+    return template or ""
 
 
 def load_hf_dir(
@@ -150,10 +147,13 @@ def load_hf_dir(
     def token_text(value):
         return value.get("content", "") if isinstance(value, dict) else (value or "")
 
+    source = _chat_template(folder, tok_config)
     template = ChatTemplate(
-        _chat_template(folder, tok_config),
+        source,
         bos_token=token_text(tok_config.get("bos_token")),
         eos_token=token_text(tok_config.get("eos_token")),
+        # a template says where BOS goes; a plain prompt starts with it where the tokenizer would
+        add_bos=not source and bool(tok_config.get("add_bos_token", False)),
     )
     return Checkpoint(
         name=name or folder.name,

@@ -62,9 +62,7 @@ def write_quantized_copy(
             "group_size": group_size,
             "digest": digest,
             "config": ckpt.config.to_dict(),
-            "chat_template": template.source,
-            "bos_token": template.bos_token,
-            "eos_token": template.eos_token,
+            **template.to_meta(),
             "eos_ids": list(ckpt.tokenizer.eos_ids),
         }
         (work / "meta.json").write_text(json.dumps(meta))
@@ -89,9 +87,7 @@ def load_quantized_copy(folder: Path) -> Checkpoint:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
         config = config_class(meta["config"]["architecture"]).from_dict(meta["config"])
         state, mode, group_size = load_quantized(folder / "model.safetensors")
-        template = ChatTemplate(
-            meta["chat_template"], bos_token=meta["bos_token"], eos_token=meta["eos_token"]
-        )
+        template = ChatTemplate.from_meta(meta)
         tokenizer = TextTokenizer.from_file(folder / "tokenizer.json", template, meta["eos_ids"])
     except (
         Exception

@@ -9,65 +9,60 @@ from pathlib import Path
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders
 
 from .errors import ModelError
 
-# Pre-tokenizer splits named by GGUF's `tokenizer.ggml.pre`, as llama.cpp defines them.
-_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPLITS = {
-    # SmolLM and StarCoder isolate every digit first, then split the GPT-2 way.
-    "smollm": [r"\p{N}", _GPT2_SPLIT],
-    "starcoder": [r"\p{N}", _GPT2_SPLIT],
-    "gpt2": [_GPT2_SPLIT],
-    "default": [_GPT2_SPLIT],
-    "llama-bpe": [_LLAMA3_SPLIT],
-    "llama3": [_LLAMA3_SPLIT],
-    "qwen2": [_QWEN2_SPLIT],
-}
-_CONTROL = 3  # GGUF token type of special tokens such as <|im_end|>
-
-
-def tokenizer_from_gguf_vocab(
-    tokens: list[str], merges: list[str], token_types: list[int], pre: str
-) -> Tokenizer:
-    """A byte-level BPE tokenizer from the vocabulary arrays a GGUF file stores."""
-    if pre not in _SPLITS:
-        raise ModelError(
-            f"the model's tokenizer uses the pre-tokenizer {pre!r}, which msa does not know"
-        )
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    bpe = models.BPE(
-        vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False
-    )
-    tok = Tokenizer(bpe)
-    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _SPLITS[pre]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    specials = [t for t, kind in zip(tokens, token_types) if kind == _CONTROL]
-    tok.add_special_tokens(specials)
-    return tok
+# The prompt of a model without a chat template (a base model): its messages one after the other,
+# each answer after "Answer:", which also cues the next one.
+_PLAIN_ANSWER = "Answer:"
 
 
 @dataclass
 class ChatTemplate:
-    """The Jinja chat template stored with the model, rendered in a sandbox."""
+    """The Jinja chat template stored with the model, rendered in a sandbox; with no template
+    (`source` empty: a base model), a plain prompt of the messages in turn."""
 
     source: str
     bos_token: str = ""
     eos_token: str = ""
+    add_bos: bool = False  # the text starts with `bos_token` even where the template omits it
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> ChatTemplate:
+        """From the entries `to_meta` wrote into a converted copy's meta.json."""
+        return cls(
+            meta["chat_template"],
+            bos_token=meta.get("bos_token", ""),
+            eos_token=meta.get("eos_token", ""),
+            add_bos=meta.get("add_bos", False),
+        )
+
+    def to_meta(self) -> dict:
+        return {
+            "chat_template": self.source,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "add_bos": self.add_bos,
+        }
+
+    @property
+    def form(self) -> str:
+        """Which prompt the model gets, in words (for --verbose)."""
+        if self.source:
+            return "the model's chat template"
+        return "a plain document-then-question prompt (the model has no chat template)"
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.source:
+            text = self._render_template(messages, add_generation_prompt)
+        else:
+            text = _plain_prompt(messages, add_generation_prompt)
+        if self.add_bos and self.bos_token and not text.startswith(self.bos_token):
+            text = self.bos_token + text  # llama.cpp adds it the same way (Gemma needs <bos>)
+        return text
+
+    def _render_template(self, messages: list[dict], add_generation_prompt: bool) -> str:
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(message):
@@ -85,6 +80,14 @@ class ChatTemplate:
             bos_token=self.bos_token,
             eos_token=self.eos_token,
         )
+
+
+def _plain_prompt(messages: list[dict], add_generation_prompt: bool) -> str:
+    turns = [
+        f"{_PLAIN_ANSWER} {m['content']}\n\n" if m["role"] == "assistant" else f"{m['content']}\n\n"
+        for m in messages
+    ]
+    return "".join(turns) + (_PLAIN_ANSWER if add_generation_prompt else "")
 
 
 class TextTokenizer:

@@ -68,4 +68,4 @@ def greedy_tokens(gguf: Path, ids: list[int], n: int) -> list[int]:
 
 def token_ids(gguf: Path, texts: list[str]) -> list[list[int]]:
     """llama.cpp's ids of each text (no BOS, special tokens as plain text)."""
-    return _run({"gguf": str(gguf), "texts": texts, "n_ctx": 0, "vocab_only": True})
+    return _run({"gguf": str(gguf), "texts": texts, "n_ctx": 512, "vocab_only": True})

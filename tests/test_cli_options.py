@@ -98,7 +98,7 @@ def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
     )
     assert model_line.endswith(
         "; 2 threads; attention auto, top-k 8, block size the model's, 1 local block; "
-        "decode in one fused CPU step"
+        "decode in one fused CPU step; prompt: the model's chat template"
     )
     assert figures.startswith(
         f"msa: {out['prompt_tokens']:,} prompt tokens (0 from the prefix cache), "

@@ -135,6 +135,23 @@ def test_hf_directory_matches_transformers(tmp_path, embedded):
     assert loaded.tokenizer.eos_ids == [2]
 
 
+def test_hf_base_model_without_template_gets_a_plain_prompt(tmp_path):
+    """No chat template: the plain prompt, starting with BOS as tokenizer_config asks."""
+    from tokenizers import Tokenizer, models
+
+    config = tiny_config(vocab_size=8)
+    folder = tmp_path / "base"
+    hf_llama(config, random_llama_weights(config)).save_pretrained(folder)
+    vocab = {t: i for i, t in enumerate(["<s>", "</s>", "a", "b", " ", "?", "\n", ":"])}
+    (folder / "tokenizer.json").write_text(Tokenizer(models.WordLevel(vocab, "a")).to_str())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True})
+    )
+    template = load_model(str(folder)).tokenizer.template
+    assert template.form.startswith("a plain document-then-question prompt")
+    assert template.render([{"role": "user", "content": "a b?"}]) == "<s>a b?\n\nAnswer:"
+
+
 def test_unknown_model_name(tmp_path):
     with pytest.raises(ModelError, match="unknown model 'no-such-model'"):
         load_model("no-such-model")

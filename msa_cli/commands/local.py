@@ -48,5 +48,6 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
         f"loaded in {load_s:.2f} s; {n_threads} threads; "
         f"attention {mode}, top-k {attention.topk}, block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
-        f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}"
+        f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}; "
+        f"prompt: {loaded.tokenizer.template.form}"
     )

@@ -1,4 +1,5 @@
-"""The prompt: the model's chat template, with the document first and the question last.
+"""The prompt: the model's chat template, with the document first and the question last (a
+model without a template, a base model, gets the same messages as plain text: ChatTemplate).
 
 The document is tokenized on its own and the pieces' token ids are joined, so its tokens never
 depend on the question: that is what lets a prefix cache reuse them.
