@@ -29,7 +29,10 @@ NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step com
 
 
 def linear_spec(linear: nn.Module):
-    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form."""
+    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form
+    (the kernel adds no bias)."""
+    if getattr(linear, "bias", None) is not None:
+        return None
     if isinstance(linear, Int4Linear):
         return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size)
     if isinstance(linear, Int8Linear):

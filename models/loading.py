@@ -39,7 +39,8 @@ class LoadedModel:
     tokenizer: TextTokenizer
     digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
-    quantization: str | None = None  # "int8", "int4" or None (floating point)
+    # "int8", "int4", "int4+int8" (a GGUF of mixed types) or None (floating point)
+    quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
 
     @property
@@ -78,7 +79,7 @@ def _build_quantized(
     """Quantized tensors (`.weight/.scales[/.mins]`) go into quantized modules as they are."""
     state = fuse_state(model, state) if fuse else dict(state)
     if fuse:
-        fuse_projections(model)
+        fuse_projections(model, state)
     swap_for_state(model, state)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
     copy_dtype = (
@@ -128,24 +129,26 @@ def load_model(
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
-    the file stores them: a GGUF whose layers are Q4_1 (the embedded model) in int4, a quantized
-    copy in its own mode, anything else in floating point.
+    the file stores them: a GGUF's Q4_0/Q4_1/Q4_K tensors in int4 from their own blocks, its
+    other quantized ones in int8 (gguf_tensors.py), a quantized copy in its own mode, anything
+    else in floating point.
 
-    `converted_root` is where GGUF files keep a converted copy for fast later loads. A GGUF's
-    Q4_1 tensors become int4 weights straight from its blocks when it loads in int4.
+    `converted_root` is where GGUF files keep a converted copy (tokenizer, tensor index) for
+    fast later loads.
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)
     src, ckpt = load_checkpoint(
         spec, converted_root=converted_root, quantized_root=quantized_root, quant=quant
     )
-    if src.format == "quantized":
+    to_quantize = None
+    if src.format in ("quantized", "gguf"):  # weights read in their final form
         quant = ckpt.meta["quantization"]
-    elif quant is None:
-        quant = ckpt.meta.get("stored_quantization")
     elif quant == FLOAT:
         quant = None
-    model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
+    else:
+        to_quantize = quant
+    model = build_model(ckpt, DTYPES[dtype_name], quant=to_quantize, fuse=fuse)
     loaded = LoadedModel(
         name=src.name,
         model=model,
@@ -175,8 +178,7 @@ def load_checkpoint(
         )
     src = resolve(spec, quantized_root=quantized_root)
     if src.format == "gguf":
-        q4_1_as_int4 = None if quant is None else quant == "int4"
-        return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=q4_1_as_int4)
+        return src, load_gguf(src.path, converted_root, name=src.name, quant=quant)
     if src.format == "quantized":
         from .quantized_copy import load_quantized_copy
 

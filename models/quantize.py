@@ -38,12 +38,18 @@ PREFILL_ROWS = 16  # above this many rows, int8 dequantizes then multiplies (a c
 KERNEL_DTYPE = torch.bfloat16
 
 
+def _add_bias(module: nn.Module, out_features: int, bias: bool) -> None:
+    """An optional fp32 bias (Qwen2's q/k/v), added to the output in its dtype."""
+    module.register_buffer("bias", torch.empty(out_features) if bias else None)
+
+
 class Int8Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
+        _add_bias(self, out_features, bias)
         self._scales_bf16 = None
 
     def _load_from_state_dict(self, *args, **kwargs):
@@ -66,6 +72,8 @@ class Int8Linear(nn.Module):
             out = torch.ops.aten._weight_int8pack_mm(
                 flat.to(KERNEL_DTYPE), self.weight, self._scales_bf16
             ).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -76,11 +84,18 @@ class Int4Linear(nn.Module):
     keeps the dequantized weights in that dtype (`prefill_weight`, [N, K]) for inputs of more
     than PREFILL_ROWS rows, which then multiply in that dtype."""
 
-    def __init__(self, in_features: int, out_features: int, group_size: int = DEFAULT_GROUP_SIZE):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        bias: bool = False,
+    ):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer("packed", torch.empty(0, dtype=torch.uint8))
         self.register_buffer("scales_zeros", torch.empty(0))
+        _add_bias(self, out_features, bias)
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
@@ -99,6 +114,8 @@ class Int4Linear(nn.Module):
                 error_msgs,
             )
         weight, scales, mins = (state_dict[n] for n in names)
+        if self.bias is not None:
+            self.bias = state_dict[prefix + "bias"].float()
         q = unpack_int4(weight).to(torch.int32)  # [N, K] in 0..15
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
@@ -113,12 +130,14 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # [M, K]
         if self.prefill_weight is not None and flat.shape[0] > PREFILL_ROWS:
             out = F.linear(flat.to(self.prefill_weight.dtype), self.prefill_weight)
-            return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        flat = flat.to(KERNEL_DTYPE).contiguous()
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, self.group_size, self.scales_zeros
-        )
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.to(KERNEL_DTYPE).contiguous(), self.packed, self.group_size, self.scales_zeros
+            )
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 HEAD_NAMES = ("lm_head",)  # output heads: int8 even in int4 mode
@@ -221,16 +240,19 @@ def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SI
 
 def swap_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
     """Step 2 for a state read back from a file: each Linear with `scales` in `state` becomes
-    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear."""
+    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear; with
+    a bias if `state` has one."""
     names = []
     for name, m in list(model.named_modules()):
         if not isinstance(m, nn.Linear) or f"{name}.scales" not in state:
             continue
+        bias = f"{name}.bias" in state
         if f"{name}.mins" in state:
             group_size = m.in_features // state[f"{name}.scales"].shape[1]
-            _replace(model, name, Int4Linear(m.in_features, m.out_features, group_size))
+            new = Int4Linear(m.in_features, m.out_features, group_size, bias=bias)
         else:
-            _replace(model, name, Int8Linear(m.in_features, m.out_features))
+            new = Int8Linear(m.in_features, m.out_features, bias=bias)
+        _replace(model, name, new)
         names.append(name)
     return names
 

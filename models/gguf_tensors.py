@@ -1,0 +1,140 @@
+"""A GGUF file's tensors as our state dict, converted one tensor at a time from the
+memory-mapped file (never a whole fp32 model in memory or on disk).
+
+The tensor index (name, type, shape, offset) is kept in the converted copy's meta.json, so a
+later load maps the file and reads its tensors without parsing its metadata (the vocabulary:
+seconds). Each matmul weight becomes (gguf_blocks.py): int4 when its type is Q4_0/Q4_1/Q4_K
+(exactly), else int8 per output channel (or int4 when asked), or floats when its type is or the
+caller asks for floating point. The token embedding stays floating point; a tied output head
+gets int8 rows of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import ModelError
+from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
+from .gguf_names import CONFIG_TENSORS, our_name, split_fused_rows, undo_norm_shift, unpermute_rows
+
+FLOAT = "none"  # the mode that asks for floating-point weights whatever the file stores
+HEAD = "lm_head"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # rows first (GGUF lists the fastest axis first)
+    offset: int  # of its data, from the start of the file
+    n_bytes: int
+
+    @property
+    def rows_cols(self) -> tuple[int, int]:
+        cols = self.shape[-1]
+        return int(np.prod(self.shape[:-1], dtype=np.int64)), cols
+
+
+def tensor_index(reader) -> list[TensorInfo]:
+    """The tensors of an open `gguf.GGUFReader`."""
+    return [
+        TensorInfo(
+            t.name,
+            t.tensor_type.name,
+            tuple(int(s) for s in reversed(t.shape)),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    ]
+
+
+def index_to_json(index: list[TensorInfo]) -> list:
+    return [[t.name, t.type_name, list(t.shape), t.offset, t.n_bytes] for t in index]
+
+
+def index_from_json(rows: list) -> list[TensorInfo]:
+    return [TensorInfo(n, ty, tuple(s), o, b) for n, ty, s, o, b in rows]
+
+
+def check_types(index: list[TensorInfo]) -> None:
+    """Refuse the file, naming the type and the tensor, if msa cannot read one of its tensors:
+    before any tensor is converted."""
+    for t in index:
+        if t.type_name not in BLOCKS:
+            raise ModelError(
+                f"GGUF tensor {t.name} has type {t.type_name}, which msa cannot read "
+                f"(it reads {', '.join(BLOCKS)})"
+            )
+
+
+def _target(name: str, t: TensorInfo, mode: str | None) -> str:
+    """How a matmul weight computes: "float", "int4" or "int8"."""
+    if mode == FLOAT or (mode is None and t.type_name in FLOAT_TYPES):
+        return "float"
+    n_rows, n_cols = t.rows_cols
+    fits_int4 = n_cols % 32 == 0 and n_rows % 16 == 0  # the int4 kernel's needs
+    if mode != "int8" and fits_int4 and t.type_name in INT4_TYPES:
+        return "int4"  # its own blocks, exactly
+    if mode == "int4" and fits_int4 and name != HEAD:
+        return "int4"  # the head stays int8 (quantize.quantization_plan says why)
+    return "int8"
+
+
+def _convert(t: TensorInfo, raw: np.ndarray, target: str) -> dict[str, torch.Tensor]:
+    n_rows, n_cols = t.rows_cols
+    if target == "float":
+        return {"weight": to_float(raw, t.type_name, n_rows, n_cols)}
+    if target == "int8":
+        return dict(zip(("weight", "scales"), to_int8(raw, t.type_name, n_rows, n_cols)))
+    return dict(zip(("weight", "scales", "mins"), to_int4(raw, t.type_name, n_rows, n_cols)))
+
+
+def gguf_state(
+    path: Path, index: list[TensorInfo], config, arch: str, mode: str | None = None
+) -> dict[str, torch.Tensor]:
+    """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
+    "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    state = {}
+    for t in index:
+        if t.name in CONFIG_TENSORS:
+            continue
+        raw = data[t.offset : t.offset + t.n_bytes]
+        name = our_name(t.name, arch)
+        module, _, suffix = name.rpartition(".")
+        n_rows, n_cols = t.rows_cols
+        if len(t.shape) == 1:  # norms and biases: fp32 in every file llama.cpp writes
+            w = to_float(raw, t.type_name, 1, n_cols)[0].float().numpy()
+            state[name] = torch.from_numpy(undo_norm_shift(name, w, arch))
+            continue
+        if module == "embed_tokens":
+            state[name] = to_float(raw, t.type_name, n_rows, n_cols)
+            head = _target(HEAD, t, mode)
+            if config.tie_word_embeddings and head != "float":
+                state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head).items()}
+            continue
+        tensors = {
+            k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
+            for k, v in _convert(t, raw, _target(module, t, mode)).items()
+        }
+        state |= split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
+    return state
+
+
+def quantization_label(state: dict[str, torch.Tensor]) -> str | None:
+    """How a state's layers compute, in a word: "int4", "int8", "int4+int8" (a mixed file such as
+    Q4_K_M: Q4_K layers int4, the others int8) or None (floating point). The output head is
+    left out: it is int8 in every quantized mode."""
+    kinds = {
+        "int4" if f"{k[: -len('.scales')]}.mins" in state else "int8"
+        for k in state
+        if k.endswith(".scales") and not k.startswith(f"{HEAD}.")
+    }
+    if not kinds:
+        return "int8" if f"{HEAD}.scales" in state else None
+    return "+".join(sorted(kinds))
