@@ -40,39 +40,40 @@ def _fp16(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """[..., 16] bytes -> the 32 values of a ggml nibble block: low nibbles, then high ones."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+def _repack(qs: np.ndarray, run: int) -> np.ndarray:
+    """ggml nibbles -> ours, bytes [..., n] in runs of `run` bytes that hold 2 * run values: the
+    run's bytes' low nibbles, then their high nibbles. Ours: values 2i, 2i+1 in byte i (low,
+    high). Byte-wise, without unpacking: value pairs come from neighbouring bytes."""
+    runs = qs.reshape(*qs.shape[:-1], -1, run)
+    even, odd = runs[..., 0::2], runs[..., 1::2]
+    low = (even & 0x0F) | ((odd & 0x0F) << 4)  # values 0..run-1 of the run
+    high = (even >> 4) | (odd & 0xF0)  # values run..2*run-1
+    return np.concatenate([low, high], axis=-1).reshape(qs.shape)
 
 
 def int4_groups(
     raw: np.ndarray, type_name: str, n_rows: int, n_cols: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The blocks of a Q4_0/Q4_1/Q4_K tensor [n_rows, n_cols] -> (q uint8 [N, K] in 0..15,
-    scale fp32 [N, K/32], min fp32 [N, K/32]) with `w = q * scale + min` exactly."""
+    """The blocks of a Q4_0/Q4_1/Q4_K tensor [n_rows, n_cols] -> our int4 (packed uint8
+    [N, K/2], scale fp32 [N, K/32], min fp32 [N, K/32]) with `w = q * scale + min` exactly."""
     per_block, size = BLOCKS[type_name]
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(n_rows, n_cols // per_block, size)
+    blocks = np.asarray(raw).view(np.uint8).reshape(n_rows, n_cols // per_block, size)
     if type_name == "Q4_0":
         d = _fp16(blocks[..., 0:2])
-        return _nibbles(blocks[..., 2:]).reshape(n_rows, n_cols), d, -8 * d
+        return _repack(blocks[..., 2:], 16).reshape(n_rows, -1), d, -8 * d
     if type_name == "Q4_1":
-        q = _nibbles(blocks[..., 4:]).reshape(n_rows, n_cols)
-        return q, _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])
+        packed = _repack(blocks[..., 4:], 16).reshape(n_rows, -1)
+        return packed, _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])
     d, dmin = _fp16(blocks[..., 0:2])[..., None], _fp16(blocks[..., 2:4])[..., None]
     s = blocks[..., 4:16]  # 8 six-bit scales and mins, packed in 12 bytes (get_scale_min_k4)
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
     m = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
-    qs = blocks[..., 16:].reshape(n_rows, -1, 4, 1, 32)  # 4 runs of 32 bytes: 2 sub-blocks each
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(n_rows, n_cols)
+    # 4 runs of 32 bytes, each sub-blocks 2j (low nibbles) and 2j+1 (high nibbles)
+    packed = _repack(blocks[..., 16:], 32).reshape(n_rows, -1)
     scale = (d * sc.astype(np.float32)).reshape(n_rows, -1)
     low = -(dmin * m.astype(np.float32)).reshape(n_rows, -1)
-    return q, scale, low
-
-
-def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """Values 0..15 [N, K] -> our packing [N, K/2] (element 2i in the low nibble)."""
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return packed, scale, low
 
 
 def dequantize_rows(raw: np.ndarray, type_name: str, n_cols: int) -> np.ndarray:
@@ -80,7 +81,7 @@ def dequantize_rows(raw: np.ndarray, type_name: str, n_cols: int) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    rows = np.asarray(raw).reshape(-1, row_bytes(type_name, n_cols))
+    rows = np.asarray(raw).view(np.uint8).reshape(-1, row_bytes(type_name, n_cols))
     if type_name == "F32":
         return rows.view(np.float32).copy()
     out = dequantize(rows.view(np.uint8), GGMLQuantizationType[type_name])
@@ -94,7 +95,7 @@ def row_bytes(type_name: str, n_cols: int) -> int:
 
 def _row_chunks(raw: np.ndarray, type_name: str, n_rows: int, n_cols: int):
     """(first row, fp32 rows [r, n_cols]) over the tensor, ROW_CHUNK_VALUES values at a time."""
-    rows = np.asarray(raw).reshape(n_rows, -1)
+    rows = np.asarray(raw).view(np.uint8).reshape(n_rows, -1)
     step = max(1, ROW_CHUNK_VALUES // n_cols)
     for start in range(0, n_rows, step):
         yield start, dequantize_rows(rows[start : start + step], type_name, n_cols)
@@ -103,9 +104,12 @@ def _row_chunks(raw: np.ndarray, type_name: str, n_rows: int, n_cols: int):
 def to_float(raw: np.ndarray, type_name: str, n_rows: int, n_cols: int) -> torch.Tensor:
     """The tensor in fp32 (F16/BF16 stay 16-bit: the model takes them in its compute dtype)."""
     if type_name == "F16":
-        return torch.from_numpy(np.asarray(raw).view(np.float16).reshape(n_rows, n_cols).copy())
+        return torch.from_numpy(
+            np.asarray(raw).view(np.uint8).view(np.float16).reshape(n_rows, n_cols).copy()
+        )
     if type_name == "BF16":
-        bits = torch.from_numpy(np.asarray(raw).view(np.int16).reshape(n_rows, n_cols).copy())
+        bits = np.asarray(raw).view(np.uint8).view(np.int16).reshape(n_rows, n_cols).copy()
+        bits = torch.from_numpy(bits)
         return bits.view(torch.bfloat16)
     out = torch.empty(n_rows, n_cols)
     for start, rows in _row_chunks(raw, type_name, n_rows, n_cols):
@@ -126,8 +130,7 @@ def to_int4(raw: np.ndarray, type_name: str, n_rows: int, n_cols: int, group_siz
     """(packed uint8 [N, K/2], scale [N, K/g], min [N, K/g]): the Q4 types exactly, others
     rounded to int4 a slice of rows at a time."""
     if type_name in INT4_TYPES and group_size == 32:
-        q, scale, low = int4_groups(raw, type_name, n_rows, n_cols)
-        return (torch.from_numpy(pack_nibbles(q)), torch.from_numpy(scale), torch.from_numpy(low))
+        return tuple(torch.from_numpy(a) for a in int4_groups(raw, type_name, n_rows, n_cols))
     packed = torch.empty(n_rows, n_cols // 2, dtype=torch.uint8)
     scale, low = (
         torch.empty(n_rows, n_cols // group_size),

@@ -23,6 +23,7 @@ from torch import nn
 from .int_formats import (
     DEFAULT_GROUP_SIZE,
     dequantize_int4,
+    dequantize_int4_values,
     dequantize_int8,
     quantize_int4,
     quantize_int8,
@@ -99,32 +100,22 @@ class Int4Linear(nn.Module):
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
+    def _load_from_state_dict(self, state_dict, prefix, *args):
         names = [prefix + k for k in ("weight", "scales", "mins")]
         if not all(n in state_dict for n in names):
-            return super()._load_from_state_dict(
-                state_dict,
-                prefix,
-                local_metadata,
-                strict,
-                missing_keys,
-                unexpected_keys,
-                error_msgs,
-            )
+            return super()._load_from_state_dict(state_dict, prefix, *args)
         weight, scales, mins = (state_dict[n] for n in names)
         if self.bias is not None:
             self.bias = state_dict[prefix + "bias"].float()
-        q = unpack_int4(weight).to(torch.int32)  # [N, K] in 0..15
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        q = unpack_int4(weight)  # [N, K] in 0..15
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         # the kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale
         zeros = mins.float() + 8 * scales.float()
         self.scales_zeros = (
             torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
         )
         if self.keep_prefill_copy is not None:
-            self.prefill_weight = dequantize_int4(weight, scales, mins).to(self.keep_prefill_copy)
+            self.prefill_weight = dequantize_int4_values(q, scales, mins).to(self.keep_prefill_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [M, K]
