@@ -5,8 +5,8 @@ The tensor index (name, type, shape, offset) is kept in the converted copy's met
 later load maps the file and reads its tensors without parsing its metadata (the vocabulary:
 seconds). Each matmul weight becomes (gguf_blocks.py): int4 when its type is Q4_0/Q4_1/Q4_K
 (exactly), else int8 per output channel (or int4 when asked), or floats when its type is or the
-caller asks for floating point. The token embedding stays floating point; a tied output head
-gets int8 rows of it.
+caller asks for floating point. A quantized token embedding stays in its blocks
+(quantized_embedding.py); a tied output head gets int8 rows of it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def gguf_state(
 ) -> dict[str, torch.Tensor]:
     """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
     "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py)."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    # copy-on-write: writable views for torch, the file's pages shared until written (never)
+    from gguf import GGMLQuantizationType
+
+    data = np.memmap(path, dtype=np.uint8, mode="c")
     state = {}
     for t in index:
         if t.name in CONFIG_TENSORS:
@@ -113,7 +116,11 @@ def gguf_state(
             state[name] = torch.from_numpy(undo_norm_shift(name, w, arch))
             continue
         if module == "embed_tokens":
-            state[name] = to_float(raw, t.type_name, n_rows, n_cols)
+            if mode == FLOAT or t.type_name in FLOAT_TYPES:
+                state[name] = to_float(raw, t.type_name, n_rows, n_cols)
+            else:  # stays in its blocks, mapped (quantized_embedding.py)
+                state[f"{module}.blocks"] = torch.from_numpy(raw.reshape(n_rows, -1))
+                state[f"{module}.ggml_type"] = torch.tensor(GGMLQuantizationType[t.type_name])
             head = _target(HEAD, t, mode)
             if config.tie_word_embeddings and head != "float":
                 state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head).items()}

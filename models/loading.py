@@ -25,6 +25,7 @@ from .quantize import (
     quantize_state,
     swap_for_state,
 )
+from .quantized_embedding import swap_embedding_for_state
 from .registry import resolve
 from .tokenizer import TextTokenizer
 
@@ -64,7 +65,8 @@ def build_model(
     in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False."""
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
-    if quant is None and not is_quantized_state(ckpt.weights):
+    blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
+    if quant is None and not blocks and not is_quantized_state(ckpt.weights):
         load_state(model, {k: v.to(dtype) for k, v in ckpt.weights.items()}, source=ckpt.source)
         if fuse:
             fuse_projections(model)
@@ -81,13 +83,14 @@ def _build_quantized(
     if fuse:
         fuse_projections(model, state)
     swap_for_state(model, state)
+    swap_embedding_for_state(model, state, dtype)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
     copy_dtype = (
         prefill_copy_dtype(sum(m.in_features * m.out_features for m in int4)) if int4 else None
     )
     for m in int4:
         m.keep_prefill_copy = copy_dtype
-    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith(".scales")}
+    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".scales", ".blocks"))}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
     if "lm_head.scales" not in state and ckpt.config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
