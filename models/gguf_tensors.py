@@ -11,6 +11,7 @@ caller asks for floating point. A quantized token embedding stays in its blocks
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,38 +100,47 @@ def gguf_state(
 ) -> dict[str, torch.Tensor]:
     """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
     "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py)."""
-    # copy-on-write: writable views for torch, the file's pages shared until written (never)
-    from gguf import GGMLQuantizationType
-
-    data = np.memmap(path, dtype=np.uint8, mode="c")
+    with open(path, "rb") as f:
+        # copy-on-write: writable views for torch; the file's pages are never written
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data = np.frombuffer(mapped, dtype=np.uint8)
     state = {}
     for t in index:
         if t.name in CONFIG_TENSORS:
             continue
-        raw = data[t.offset : t.offset + t.n_bytes]
-        name = our_name(t.name, arch)
-        module, _, suffix = name.rpartition(".")
-        n_rows, n_cols = t.rows_cols
-        if len(t.shape) == 1:  # norms and biases: fp32 in every file llama.cpp writes
-            w = to_float(raw, t.type_name, 1, n_cols)[0].float().numpy()
-            state[name] = torch.from_numpy(undo_norm_shift(name, w, arch))
-            continue
-        if module == "embed_tokens":
-            if mode == FLOAT or t.type_name in FLOAT_TYPES:
-                state[name] = to_float(raw, t.type_name, n_rows, n_cols)
-            else:  # stays in its blocks, mapped (quantized_embedding.py)
-                state[f"{module}.blocks"] = torch.from_numpy(raw.reshape(n_rows, -1))
-                state[f"{module}.ggml_type"] = torch.tensor(GGMLQuantizationType[t.type_name])
-            head = _target(HEAD, t, mode)
-            if config.tie_word_embeddings and head != "float":
-                state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head).items()}
-            continue
-        tensors = {
-            k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
-            for k, v in _convert(t, raw, _target(module, t, mode)).items()
-        }
-        state |= split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
+        state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode)
+        if not t.name.startswith("token_embd."):  # converted: its pages leave the RSS
+            start = t.offset - t.offset % mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
     return state
+
+
+def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode: str | None) -> dict:
+    from gguf import GGMLQuantizationType
+
+    name = our_name(t.name, arch)
+    module, _, suffix = name.rpartition(".")
+    n_rows, n_cols = t.rows_cols
+    if len(t.shape) == 1:  # norms and biases: fp32 in every file llama.cpp writes
+        w = to_float(raw, t.type_name, 1, n_cols)[0].float().numpy()
+        return {name: torch.from_numpy(undo_norm_shift(name, w, arch))}
+    if module == "embed_tokens":
+        if mode == FLOAT or t.type_name in FLOAT_TYPES:
+            state = {name: to_float(raw, t.type_name, n_rows, n_cols)}
+        else:  # stays in its blocks, mapped (quantized_embedding.py)
+            state = {
+                f"{module}.blocks": torch.from_numpy(raw.reshape(n_rows, -1)),
+                f"{module}.ggml_type": torch.tensor(GGMLQuantizationType[t.type_name]),
+            }
+        head = _target(HEAD, t, mode)
+        if config.tie_word_embeddings and head != "float":
+            state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head).items()}
+        return state
+    tensors = {
+        k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
+        for k, v in _convert(t, raw, _target(module, t, mode)).items()
+    }
+    return split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
 
 
 def quantization_label(state: dict[str, torch.Tensor]) -> str | None:
