@@ -3,7 +3,8 @@
 Parsing the metadata (the vocabulary above all) takes seconds, so the first load writes a
 small converted copy into `converted_dir`: tokenizer.json and meta.json (the config as a
 Hugging Face dict, the tensor index, the chat template). Every load then maps the GGUF and
-converts its tensors one at a time (gguf_tensors.py); no copy of the weights is written.
+converts its tensors one at a time (gguf_tensors.py); the only weights kept are the int8
+roundings of tensors of other types, where they take no more room than the GGUF.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .gguf_tensors import (
 from .tokenizer import ChatTemplate, TextTokenizer, tokenizer_from_gguf_vocab
 
 CONVERTED_FORMAT = 3  # 3: no weights copy; meta.json has the tensor index and HF config
+INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (Int8Copy)
 
 
 def _field(reader, key, default=None):
@@ -139,7 +141,8 @@ def load_gguf(
         config = _config(meta["config"])
         index = index_from_json(meta["tensors"])
         check_types(index)
-        weights = gguf_state(path, index, config, meta["architecture"], quant)
+        copy = None if tmp is not None else out / INT8_COPY
+        weights = gguf_state(path, index, config, meta["architecture"], quant, copy)
         template = ChatTemplate(meta["chat_template"])
         tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
         vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)

@@ -86,20 +86,70 @@ def _target(name: str, t: TensorInfo, mode: str | None) -> str:
     return "int8"
 
 
-def _convert(t: TensorInfo, raw: np.ndarray, target: str) -> dict[str, torch.Tensor]:
+class Int8Copy:
+    """The int8 roundings of a GGUF's tensors (`{gguf name}.weight/.scales`), kept in one
+    safetensors file beside the converted copy: rounding them again is most of a later load's
+    time (Qwen2.5-0.5B Q4_K_M: its Q5_0/Q6_K/Q8_0 tensors). Written only when no larger than
+    the GGUF itself; the Q4 types and the embedding are read from the GGUF at every load."""
+
+    def __init__(self, path: Path | None, limit: int):
+        self.path, self.limit, self.new = path, limit, {}
+        self.kept = {}
+        if path is not None and path.is_file():
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                self.kept = load_file(str(path))
+            except (OSError, SafetensorError):
+                self.kept = {}  # unreadable: made again
+
+    def get(self, t: TensorInfo, raw: np.ndarray) -> dict[str, torch.Tensor]:
+        keys = (f"{t.name}.weight", f"{t.name}.scales")
+        if all(k in self.kept for k in keys):
+            return dict(zip(("weight", "scales"), (self.kept[k] for k in keys)))
+        q, scales = to_int8(raw, t.type_name, *t.rows_cols)
+        self.new |= dict(zip(keys, (q, scales)))
+        return {"weight": q, "scales": scales}
+
+    def save(self) -> None:
+        """Keep this load's roundings with the earlier ones (the copy is all or nothing: a load
+        in another mode may round other tensors)."""
+        from safetensors.torch import save_file
+
+        from .atomic_write import write_atomically
+
+        every = self.kept | self.new
+        size = sum(v.numel() * v.element_size() for v in every.values())
+        if self.path is None or not self.new or size > self.limit:
+            return
+        try:
+            write_atomically(self.path, lambda p: save_file(every, str(p)))
+        except OSError:
+            pass  # a read-only cache: rounded again next time
+
+
+def _convert(t: TensorInfo, raw: np.ndarray, target: str, int8: Int8Copy):
     n_rows, n_cols = t.rows_cols
     if target == "float":
         return {"weight": to_float(raw, t.type_name, n_rows, n_cols)}
     if target == "int8":
-        return dict(zip(("weight", "scales"), to_int8(raw, t.type_name, n_rows, n_cols)))
+        return int8.get(t, raw)
     return dict(zip(("weight", "scales", "mins"), to_int4(raw, t.type_name, n_rows, n_cols)))
 
 
 def gguf_state(
-    path: Path, index: list[TensorInfo], config, arch: str, mode: str | None = None
+    path: Path,
+    index: list[TensorInfo],
+    config,
+    arch: str,
+    mode: str | None = None,
+    int8_copy: Path | None = None,
 ) -> dict[str, torch.Tensor]:
     """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
-    "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py)."""
+    "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py). Int8
+    roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
+    int8 = Int8Copy(int8_copy, path.stat().st_size)
     with open(path, "rb") as f:
         # copy-on-write: writable views for torch; the file's pages are never written
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -108,14 +158,15 @@ def gguf_state(
     for t in index:
         if t.name in CONFIG_TENSORS:
             continue
-        state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode)
+        state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode, int8)
         if not t.name.startswith("token_embd."):  # converted: its pages leave the RSS
             start = t.offset - t.offset % mmap.PAGESIZE
             mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
+    int8.save()
     return state
 
 
-def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode: str | None) -> dict:
+def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy) -> dict:
     from gguf import GGMLQuantizationType
 
     name = our_name(t.name, arch)
@@ -134,11 +185,11 @@ def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode: str |
             }
         head = _target(HEAD, t, mode)
         if config.tie_word_embeddings and head != "float":
-            state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head).items()}
+            state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head, int8).items()}
         return state
     tensors = {
         k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
-        for k, v in _convert(t, raw, _target(module, t, mode)).items()
+        for k, v in _convert(t, raw, _target(module, t, mode), int8).items()
     }
     return split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
 

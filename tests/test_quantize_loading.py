@@ -105,14 +105,24 @@ def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, 
 def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
     q4_gguf, tmp_path, monkeypatch
 ):
-    """The first load keeps the tokenizer and the tensor index, no copy of the weights; the next
-    maps the GGUF by that index without parsing its metadata, and computes the same."""
+    """The first load keeps the tokenizer, the tensor index and the int8 rows of the tied head,
+    not the Q4 weights; the next maps the GGUF by that index without parsing its metadata or
+    rounding again, and computes the same."""
+    import msa.models.gguf_blocks as blocks
+
     first = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
     (kept,) = [p for p in (tmp_path / "converted").iterdir() if p.name != "digests"]
-    assert sorted(p.name for p in kept.iterdir()) == ["meta.json", "tokenizer.json"]
+    names = ["int8.safetensors", "meta.json", "tokenizer.json"]
+    assert sorted(p.name for p in kept.iterdir()) == names
+    assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1  # the head's rows, 1 byte each
     monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("parsed the GGUF again"))
+    monkeypatch.setattr(blocks, "quantize_int8", lambda *a: pytest.fail("rounded again"))
     second = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
     assert second.digest == first.digest and torch.equal(logits(first), logits(second))
+    # all of it in int8 would take more room than the Q4_1 file: not kept
+    monkeypatch.undo()
+    load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int8")
+    assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1
 
 
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])
