@@ -208,7 +208,8 @@ def write_quantized(
     group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
-    `quantized_root` (a GGUF's Q4_1 blocks go into int4 as they are); returns its folder."""
+    `quantized_root` (a GGUF's Q4_0/Q4_1/Q4_K blocks go into int4 as they are); returns its
+    folder."""
     from .quantized_copy import write_quantized_copy
 
     src, ckpt = load_checkpoint(
