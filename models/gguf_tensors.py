@@ -103,6 +103,9 @@ class Int8Copy:
                 self.kept = load_file(str(path))
             except (OSError, SafetensorError):
                 self.kept = {}  # unreadable: made again
+            for k, v in self.kept.items():  # one at a time: Int8Linear's kernel needs alignment
+                if v.data_ptr() % 64:
+                    self.kept[k] = v.clone()
 
     def get(self, t: TensorInfo, raw: np.ndarray) -> dict[str, torch.Tensor]:
         keys = (f"{t.name}.weight", f"{t.name}.scales")

@@ -62,7 +62,8 @@ def build_model(
     fuse: bool = True,
 ) -> Transformer:
     """The model of `ckpt` in `dtype`, quantized to `quant` if given (weights already quantized
-    in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False."""
+    in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False.
+    Quantized weights move into the model: `ckpt.weights` is emptied (no second copy held)."""
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
     blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
@@ -72,6 +73,7 @@ def build_model(
             fuse_projections(model)
         return model.eval()
     state = quantize_state(model, ckpt.weights, quant) if quant else ckpt.weights
+    ckpt.weights = {}
     return _build_quantized(model, state, ckpt, dtype, fuse)
 
 
@@ -79,8 +81,8 @@ def _build_quantized(
     model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dtype: torch.dtype, fuse: bool
 ) -> Transformer:
     """Quantized tensors (`.weight/.scales[/.mins]`) go into quantized modules as they are."""
-    state = fuse_state(model, state) if fuse else dict(state)
     if fuse:
+        fuse_state(model, state)
         fuse_projections(model, state)
     swap_for_state(model, state)
     swap_embedding_for_state(model, state, dtype)
