@@ -35,13 +35,17 @@ def _fusable(model: nn.Module):
                 yield name, module, fused, parts
 
 
-def fuse_projections(model: nn.Module) -> int:
+def fuse_projections(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> int:
     """Replace each fusable group of `nn.Linear` projections by one; returns the groups fused.
 
-    Groups holding anything else (already quantized modules) are left as they are.
+    Groups holding anything else (already quantized modules) are left as they are; with
+    `state` (from `fuse_state`), so are the groups it kept separate.
     """
     count = 0
-    for _, module, fused, parts in list(_fusable(model)):
+    for name, module, fused, parts in list(_fusable(model)):
+        prefix = f"{name}." if name else ""
+        if state is not None and f"{prefix}{fused}.weight" not in state:
+            continue
         linears = [getattr(module, p) for p in parts]
         if not all(type(m) is nn.Linear for m in linears):
             continue
@@ -66,13 +70,27 @@ def fuse_projections(model: nn.Module) -> int:
 
 
 def fuse_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`state` with each fusable group's tensors concatenated under the fused name (a new dict;
-    groups with a part missing from `state` stay unfused)."""
-    state = dict(state)
+    """`state` with each fusable group's tensors concatenated under the fused name, in place (the
+    parts are dropped as each group is fused: one model's worth of weights at a time); returns
+    it. A group stays unfused when a part is missing from `state` or the parts differ in format
+    (an int4 q with an int8 v, as a GGUF may store them: one matmul cannot take both)."""
     for name, _, fused, parts in _fusable(model):
         prefix = f"{name}." if name else ""
-        for kind in _ROW_TENSORS:
+        formats = [_format(state, f"{prefix}{p}") for p in parts]
+        if None in formats or len(set(formats)) > 1:
+            continue
+        for kind, _, _ in formats[0]:
             keys = [f"{prefix}{p}.{kind}" for p in parts]
-            if all(k in state for k in keys):
-                state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(k) for k in keys])
+            state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(k) for k in keys])
     return state
+
+
+def _format(state: dict[str, torch.Tensor], module: str) -> tuple | None:
+    """A projection's tensors in `state` as (kind, dtype, shape past the rows), None if absent."""
+    if f"{module}.weight" not in state:
+        return None
+    return tuple(
+        (kind, state[key].dtype, tuple(state[key].shape[1:]))
+        for kind in _ROW_TENSORS
+        if (key := f"{module}.{kind}") in state
+    )

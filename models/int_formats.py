@@ -53,7 +53,12 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    q = unpack_int4(packed).float()
+    return dequantize_int4_values(unpack_int4(packed), scale, lo)
+
+
+def dequantize_int4_values(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """`dequantize_int4` of values already unpacked (uint8 [N, K] in 0..15)."""
+    q = q.float()
     n, k = q.shape
     g = k // scale.shape[1]
     return (q.view(n, -1, g) * scale[..., None] + lo[..., None]).view(n, k)

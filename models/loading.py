@@ -25,6 +25,7 @@ from .quantize import (
     quantize_state,
     swap_for_state,
 )
+from .quantized_embedding import swap_embedding_for_state
 from .registry import resolve
 from .tokenizer import TextTokenizer
 
@@ -39,7 +40,8 @@ class LoadedModel:
     tokenizer: TextTokenizer
     digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
-    quantization: str | None = None  # "int8", "int4" or None (floating point)
+    # "int8", "int4", "int4+int8" (a GGUF of mixed types) or None (floating point)
+    quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
 
     @property
@@ -60,15 +62,18 @@ def build_model(
     fuse: bool = True,
 ) -> Transformer:
     """The model of `ckpt` in `dtype`, quantized to `quant` if given (weights already quantized
-    in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False."""
+    in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False.
+    Quantized weights move into the model: `ckpt.weights` is emptied (no second copy held)."""
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
-    if quant is None and not is_quantized_state(ckpt.weights):
+    blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
+    if quant is None and not blocks and not is_quantized_state(ckpt.weights):
         load_state(model, {k: v.to(dtype) for k, v in ckpt.weights.items()}, source=ckpt.source)
         if fuse:
             fuse_projections(model)
         return model.eval()
     state = quantize_state(model, ckpt.weights, quant) if quant else ckpt.weights
+    ckpt.weights = {}
     return _build_quantized(model, state, ckpt, dtype, fuse)
 
 
@@ -76,17 +81,18 @@ def _build_quantized(
     model, state: dict[str, torch.Tensor], ckpt: Checkpoint, dtype: torch.dtype, fuse: bool
 ) -> Transformer:
     """Quantized tensors (`.weight/.scales[/.mins]`) go into quantized modules as they are."""
-    state = fuse_state(model, state) if fuse else dict(state)
     if fuse:
-        fuse_projections(model)
+        fuse_state(model, state)
+        fuse_projections(model, state)
     swap_for_state(model, state)
+    swap_embedding_for_state(model, state, dtype)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
     copy_dtype = (
         prefill_copy_dtype(sum(m.in_features * m.out_features for m in int4)) if int4 else None
     )
     for m in int4:
         m.keep_prefill_copy = copy_dtype
-    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith(".scales")}
+    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".scales", ".blocks"))}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
     if "lm_head.scales" not in state and ckpt.config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
@@ -129,12 +135,12 @@ def load_model(
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
-    the file stores them: a GGUF whose layers are Q4_1 (the embedded model) in int4, a quantized
-    copy in its own mode, anything else in floating point.
+    the file stores them: a GGUF's Q4_0/Q4_1/Q4_K tensors in int4 from their own blocks, its
+    other quantized ones in int8 (gguf_tensors.py), a quantized copy in its own mode, anything
+    else in floating point.
 
-    `converted_root` is where GGUF files keep a converted copy for fast later loads. A GGUF's
-    Q4_1 tensors become int4 weights straight from its blocks when it loads in int4.
-    `registered`: models the user registered by path (local_models.py), by name.
+    `converted_root` is where GGUF files keep a converted copy (tokenizer, tensor index) for
+    fast later loads. `registered`: models the user registered by path (local_models.py).
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
     """
     dtype_name = _dtype_name(dtype)
@@ -145,13 +151,14 @@ def load_model(
         registered=registered,
         quant=quant,
     )
-    if src.format == "quantized":
+    to_quantize = None
+    if src.format in ("quantized", "gguf"):  # weights read in their final form
         quant = ckpt.meta["quantization"]
-    elif quant is None:
-        quant = ckpt.meta.get("stored_quantization")
     elif quant == FLOAT:
         quant = None
-    model = build_model(ckpt, DTYPES[dtype_name], quant=quant, fuse=fuse)
+    else:
+        to_quantize = quant
+    model = build_model(ckpt, DTYPES[dtype_name], quant=to_quantize, fuse=fuse)
     loaded = LoadedModel(
         name=src.name,
         model=model,
@@ -182,8 +189,7 @@ def load_checkpoint(
         )
     src = resolve(spec, quantized_root=quantized_root, registered=registered)
     if src.format == "gguf":
-        q4_1_as_int4 = None if quant is None else quant == "int4"
-        return src, load_gguf(src.path, converted_root, name=src.name, q4_1_as_int4=q4_1_as_int4)
+        return src, load_gguf(src.path, converted_root, name=src.name, quant=quant)
     if src.format == "quantized":
         from .quantized_copy import load_quantized_copy
 
@@ -211,7 +217,8 @@ def write_quantized(
     group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
-    `quantized_root` (a GGUF's Q4_1 blocks go into int4 as they are); returns its folder."""
+    `quantized_root` (a GGUF's Q4_0/Q4_1/Q4_K blocks go into int4 as they are); returns its
+    folder."""
     from .quantized_copy import write_quantized_copy
 
     src, ckpt = load_checkpoint(

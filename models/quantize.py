@@ -23,6 +23,7 @@ from torch import nn
 from .int_formats import (
     DEFAULT_GROUP_SIZE,
     dequantize_int4,
+    dequantize_int4_values,
     dequantize_int8,
     quantize_int4,
     quantize_int8,
@@ -97,20 +98,10 @@ class Int4Linear(nn.Module):
         self.keep_prefill_copy: torch.dtype | None = None
         self.prefill_weight: torch.Tensor | None = None
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
+    def _load_from_state_dict(self, state_dict, prefix, *args):
         names = [prefix + k for k in ("weight", "scales", "mins")]
         if not all(n in state_dict for n in names):
-            return super()._load_from_state_dict(
-                state_dict,
-                prefix,
-                local_metadata,
-                strict,
-                missing_keys,
-                unexpected_keys,
-                error_msgs,
-            )
+            return super()._load_from_state_dict(state_dict, prefix, *args)
         weight, scales, mins = (state_dict[n] for n in names)
         if self.bias is not None:
             self.bias = state_dict[prefix + "bias"]
@@ -122,7 +113,7 @@ class Int4Linear(nn.Module):
             torch.stack([scales.T.float(), zeros.T], dim=-1).to(KERNEL_DTYPE).contiguous()
         )
         if self.keep_prefill_copy is not None:
-            self.prefill_weight = dequantize_int4(weight, scales, mins).to(self.keep_prefill_copy)
+            self.prefill_weight = dequantize_int4_values(q, scales, mins).to(self.keep_prefill_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [M, K]
@@ -237,7 +228,8 @@ def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SI
 
 def swap_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
     """Step 2 for a state read back from a file: each Linear with `scales` in `state` becomes
-    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear."""
+    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear; with
+    a bias if `state` has one."""
     names = []
     for name, m in list(model.named_modules()):
         if not isinstance(m, nn.Linear) or f"{name}.scales" not in state:

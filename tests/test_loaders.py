@@ -89,9 +89,8 @@ def test_gguf_quantized_weights_dequantize_near_the_originals(tmp_path, qtype, t
     weights = random_llama_weights(config)
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, config, weights, qtype=qtype)
-    assert load_model(str(path), converted_root=None).weights == (
-        "int4" if qtype == "Q4_1" else "fp32"
-    )  # as stored
+    as_stored = {"F16": "fp32", "Q8_0": "int8", "Q4_1": "int4", "Q4_0": "int4"}[qtype]
+    assert load_model(str(path), converted_root=None).weights == as_stored
     loaded = load_model(str(path), converted_root=None, fuse=False, quant="none")
     for ours, theirs in [
         ("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 from conftest import assert_close
@@ -19,7 +18,6 @@ from msa.models.loading import load_model
 from msa.models.quantize import (
     Int4Linear,
     Int8Linear,
-    dequantize_int4,
     dequantize_int8,
     quantize_int8,
 )
@@ -52,20 +50,6 @@ def q4_gguf(tmp_path):
 
 def logits(loaded, ids=(5, 9, 40, 41, 42, 100, 7, 3)):
     return loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
-
-
-def test_q4_1_blocks_become_int4_exactly():
-    from gguf.quants import dequantize, quantize
-
-    from msa.models.gguf_q4 import q4_1_blocks_to_int4
-
-    w = (np.random.default_rng(0).standard_normal((8, 128)) * 0.1).astype(np.float32)
-    qt = gguf.GGMLQuantizationType.Q4_1
-    blocks = quantize(w, qt)
-    packed, scale, low = q4_1_blocks_to_int4(blocks, 8, 128)
-    expected = dequantize(blocks, qt).reshape(8, 128)
-    got = dequantize_int4(torch.from_numpy(packed), torch.from_numpy(scale), torch.from_numpy(low))
-    assert torch.equal(got, torch.from_numpy(expected))
 
 
 def test_int4_load_of_q4_1_gguf_keeps_its_blocks(q4_gguf):
@@ -118,21 +102,27 @@ def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, 
     assert_close(logits(quant, ids), expected, atol=1e-4, what="fp32 copy")
 
 
-def test_int4_loads_keep_the_q4_1_blocks_beside_the_converted_copy(q4_gguf, tmp_path, monkeypatch):
-    """The first int4 load reads the Q4_1 blocks out of the GGUF and keeps them; the next takes
-    the kept copy without parsing the GGUF's metadata, and computes the same."""
-    from msa.models.gguf_loader import Q4_1_COPY
+def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
+    q4_gguf, tmp_path, monkeypatch
+):
+    """The first load keeps the tokenizer, the tensor index and the int8 rows of the tied head,
+    not the Q4 weights; the next maps the GGUF by that index without parsing its metadata or
+    rounding again, and computes the same."""
+    import msa.models.gguf_blocks as blocks
 
-    first = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
-    kept = list((tmp_path / "converted").glob(f"*/{Q4_1_COPY}"))
-    assert len(kept) == 1
+    first = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
+    (kept,) = [p for p in (tmp_path / "converted").iterdir() if p.name != "digests"]
+    names = ["int8.safetensors", "meta.json", "tokenizer.json"]
+    assert sorted(p.name for p in kept.iterdir()) == names
+    assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1  # the head's rows, 1 byte each
     monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: pytest.fail("parsed the GGUF again"))
-    second = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
-    assert torch.equal(logits(first), logits(second))
-    kept[0].write_bytes(b"not safetensors")  # damaged: read from the GGUF again
+    monkeypatch.setattr(blocks, "quantize_int8", lambda *a: pytest.fail("rounded again"))
+    second = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
+    assert second.digest == first.digest and torch.equal(logits(first), logits(second))
+    # all of it in int8 would take more room than the Q4_1 file: not kept
     monkeypatch.undo()
-    third = load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int4")
-    assert torch.equal(logits(first), logits(third))
+    load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int8")
+    assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1
 
 
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])

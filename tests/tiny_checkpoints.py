@@ -82,7 +82,36 @@ _GGUF_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
+# bytes per block of the types gguf.quants cannot write (crafted as random valid blocks)
+_CRAFTED = {"Q4_K": 144, "Q6_K": 210, "Q2_K": 84}
+
+
+def gguf_blocks(a: np.ndarray, qtype: str, seed: int = 0) -> np.ndarray:
+    """`a` [rows, cols] as `qtype` blocks: gguf.quants.quantize where it can; Q4_K, Q6_K and Q2_K
+    are random valid blocks of `a`'s shape (read them back with gguf.quants.dequantize)."""
+    import gguf
+    from gguf.quants import quantize
+
+    if qtype not in _CRAFTED:
+        return quantize(a, getattr(gguf.GGMLQuantizationType, qtype))
+    rng = np.random.default_rng(seed)
+    rows, n_blocks = a.shape[0], a.shape[1] // 256
+    blocks = rng.integers(0, 256, (rows, n_blocks, _CRAFTED[qtype]), dtype=np.uint8)
+
+    def fp16(lo, hi):  # a small positive scale, as two bytes
+        return rng.uniform(lo, hi, (rows, n_blocks, 1)).astype(np.float16).view(np.uint8)
+
+    if qtype == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+        blocks[..., 0:2], blocks[..., 2:4] = fp16(1e-4, 3e-4), fp16(5e-4, 2e-3)
+    elif qtype == "Q6_K":  # 128 bytes low bits, 64 high bits, 16 int8 scales, d
+        blocks[..., 192:208] = rng.integers(-60, 60, (rows, n_blocks, 16)).astype(np.int8)
+        blocks[..., 208:210] = fp16(5e-5, 1.5e-4)
+    else:  # Q2_K: 16 scale bytes, 64 of 2-bit values, d, dmin
+        blocks[..., 80:82], blocks[..., 82:84] = fp16(1e-3, 3e-3), fp16(1e-3, 3e-3)
+    return blocks.reshape(rows, -1)
 
 
 def write_tiny_gguf(
@@ -92,19 +121,24 @@ def write_tiny_gguf(
     *,
     qtype: str = "F32",
     skip: tuple[str, ...] = (),
+    arch: str = "llama",
+    qtypes: dict[str, str] | None = None,
 ) -> None:
-    """Write `weights` (HF names) as a llama GGUF; 2-D weights stored as `qtype`."""
+    """Write `weights` (HF names) as a GGUF of `arch` (llama, qwen3: same tensor names) under
+    llama.cpp's names; 2-D weights stored as `qtypes[gguf name]`, else `qtype`."""
     import gguf
-    from gguf.quants import quantize
 
     tokens, merges = tiny_vocab()
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(config.num_hidden_layers)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
     w.add_feed_forward_length(config.intermediate_size)
     w.add_head_count(config.num_attention_heads)
     w.add_head_count_kv(config.num_key_value_heads)
+    if config.head_dim != config.hidden_size // config.num_attention_heads:
+        w.add_key_length(config.head_dim)
+        w.add_value_length(config.head_dim)
     w.add_rope_freq_base(config.rope_theta)
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_vocab_size(len(tokens))
@@ -116,8 +150,7 @@ def write_tiny_gguf(
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(CHAT_TEMPLATE)
-    qt = getattr(gguf.GGMLQuantizationType, qtype)
-    for name, t in weights.items():
+    for i, (name, t) in enumerate(weights.items()):
         local = name.removeprefix("model.")
         if local == "embed_tokens.weight":
             gname = "token_embd.weight"
@@ -131,12 +164,14 @@ def write_tiny_gguf(
         if gname in skip:
             continue
         a = t.float().numpy()
-        if local.endswith("q_proj.weight"):
+        if arch == "llama" and local.endswith("q_proj.weight"):
             a = _permute_for_gguf(a, config.num_attention_heads)
-        elif local.endswith("k_proj.weight"):
+        elif arch == "llama" and local.endswith("k_proj.weight"):
             a = _permute_for_gguf(a, config.num_key_value_heads)
-        if a.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gname, quantize(a, qt), raw_dtype=qt)
+        kind = (qtypes or {}).get(gname, qtype)
+        if a.ndim == 2 and kind != "F32":
+            raw_dtype = getattr(gguf.GGMLQuantizationType, kind)
+            w.add_tensor(gname, gguf_blocks(a, kind, seed=i), raw_dtype=raw_dtype)
         else:
             w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()

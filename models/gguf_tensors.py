@@ -1,0 +1,211 @@
+"""A GGUF file's tensors as our state dict, converted one tensor at a time from the
+memory-mapped file (never a whole fp32 model in memory or on disk).
+
+The tensor index (name, type, shape, offset) is kept in the converted copy's meta.json, so a
+later load maps the file and reads its tensors without parsing its metadata (the vocabulary:
+seconds). Each matmul weight becomes (gguf_blocks.py): int4 when its type is Q4_0/Q4_1/Q4_K
+(exactly), else int8 per output channel (or int4 when asked), or floats when its type is or the
+caller asks for floating point. A quantized token embedding stays in its blocks
+(quantized_embedding.py); a tied output head gets int8 rows of it.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import ModelError
+from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
+from .gguf_names import CONFIG_TENSORS, our_name, split_fused_rows, undo_norm_shift, unpermute_rows
+
+FLOAT = "none"  # the mode that asks for floating-point weights whatever the file stores
+HEAD = "lm_head"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # rows first (GGUF lists the fastest axis first)
+    offset: int  # of its data, from the start of the file
+    n_bytes: int
+
+    @property
+    def rows_cols(self) -> tuple[int, int]:
+        cols = self.shape[-1]
+        return int(np.prod(self.shape[:-1], dtype=np.int64)), cols
+
+
+def tensor_index(reader) -> list[TensorInfo]:
+    """The tensors of an open `gguf.GGUFReader`."""
+    return [
+        TensorInfo(
+            t.name,
+            t.tensor_type.name,
+            tuple(int(s) for s in reversed(t.shape)),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    ]
+
+
+def index_to_json(index: list[TensorInfo]) -> list:
+    return [[t.name, t.type_name, list(t.shape), t.offset, t.n_bytes] for t in index]
+
+
+def index_from_json(rows: list) -> list[TensorInfo]:
+    return [TensorInfo(n, ty, tuple(s), o, b) for n, ty, s, o, b in rows]
+
+
+def check_types(index: list[TensorInfo]) -> None:
+    """Refuse the file, naming the type and the tensor, if msa cannot read one of its tensors:
+    before any tensor is converted."""
+    for t in index:
+        if t.type_name not in BLOCKS:
+            raise ModelError(
+                f"GGUF tensor {t.name} has type {t.type_name}, which msa cannot read "
+                f"(it reads {', '.join(BLOCKS)})"
+            )
+
+
+def _target(name: str, t: TensorInfo, mode: str | None) -> str:
+    """How a matmul weight computes: "float", "int4" or "int8"."""
+    if mode == FLOAT or (mode is None and t.type_name in FLOAT_TYPES):
+        return "float"
+    n_rows, n_cols = t.rows_cols
+    fits_int4 = n_cols % 32 == 0 and n_rows % 16 == 0  # the int4 kernel's needs
+    if mode != "int8" and fits_int4 and t.type_name in INT4_TYPES:
+        return "int4"  # its own blocks, exactly
+    if mode == "int4" and fits_int4 and name != HEAD:
+        return "int4"  # the head stays int8 (quantize.quantization_plan says why)
+    return "int8"
+
+
+class Int8Copy:
+    """The int8 roundings of a GGUF's tensors (`{gguf name}.weight/.scales`), kept in one
+    safetensors file beside the converted copy: rounding them again is most of a later load's
+    time (Qwen2.5-0.5B Q4_K_M: its Q5_0/Q6_K/Q8_0 tensors). Written only when no larger than
+    the GGUF itself; the Q4 types and the embedding are read from the GGUF at every load."""
+
+    def __init__(self, path: Path | None, limit: int):
+        self.path, self.limit, self.new = path, limit, {}
+        self.kept = {}
+        if path is not None and path.is_file():
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                self.kept = load_file(str(path))
+            except (OSError, SafetensorError):
+                self.kept = {}  # unreadable: made again
+            for k, v in self.kept.items():  # one at a time: Int8Linear's kernel needs alignment
+                if v.data_ptr() % 64:
+                    self.kept[k] = v.clone()
+
+    def get(self, t: TensorInfo, raw: np.ndarray) -> dict[str, torch.Tensor]:
+        keys = (f"{t.name}.weight", f"{t.name}.scales")
+        if all(k in self.kept for k in keys):
+            return dict(zip(("weight", "scales"), (self.kept[k] for k in keys)))
+        q, scales = to_int8(raw, t.type_name, *t.rows_cols)
+        self.new |= dict(zip(keys, (q, scales)))
+        return {"weight": q, "scales": scales}
+
+    def save(self) -> None:
+        """Keep this load's roundings with the earlier ones (the copy is all or nothing: a load
+        in another mode may round other tensors)."""
+        from safetensors.torch import save_file
+
+        from .atomic_write import write_atomically
+
+        every = self.kept | self.new
+        size = sum(v.numel() * v.element_size() for v in every.values())
+        if self.path is None or not self.new or size > self.limit:
+            return
+        try:
+            write_atomically(self.path, lambda p: save_file(every, str(p)))
+        except OSError:
+            pass  # a read-only cache: rounded again next time
+
+
+def _convert(t: TensorInfo, raw: np.ndarray, target: str, int8: Int8Copy):
+    n_rows, n_cols = t.rows_cols
+    if target == "float":
+        return {"weight": to_float(raw, t.type_name, n_rows, n_cols)}
+    if target == "int8":
+        return int8.get(t, raw)
+    return dict(zip(("weight", "scales", "mins"), to_int4(raw, t.type_name, n_rows, n_cols)))
+
+
+def gguf_state(
+    path: Path,
+    index: list[TensorInfo],
+    config,
+    arch: str,
+    mode: str | None = None,
+    int8_copy: Path | None = None,
+) -> dict[str, torch.Tensor]:
+    """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
+    "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py). Int8
+    roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
+    int8 = Int8Copy(int8_copy, path.stat().st_size)
+    with open(path, "rb") as f:
+        # copy-on-write: writable views for torch; the file's pages are never written
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data = np.frombuffer(mapped, dtype=np.uint8)
+    state = {}
+    for t in index:
+        if t.name in CONFIG_TENSORS:
+            continue
+        state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode, int8)
+        if not t.name.startswith("token_embd."):  # converted: its pages leave the RSS
+            start = t.offset - t.offset % mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
+    int8.save()
+    return state
+
+
+def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy) -> dict:
+    from gguf import GGMLQuantizationType
+
+    name = our_name(t.name, arch)
+    module, _, suffix = name.rpartition(".")
+    n_rows, n_cols = t.rows_cols
+    if len(t.shape) == 1:  # norms and biases: fp32 in every file llama.cpp writes
+        w = to_float(raw, t.type_name, 1, n_cols)[0].float().numpy()
+        return {name: torch.from_numpy(undo_norm_shift(name, w, arch))}
+    if module == "embed_tokens":
+        if mode == FLOAT or t.type_name in FLOAT_TYPES:
+            state = {name: to_float(raw, t.type_name, n_rows, n_cols)}
+        else:  # stays in its blocks, mapped (quantized_embedding.py)
+            state = {
+                f"{module}.blocks": torch.from_numpy(raw.reshape(n_rows, -1)),
+                f"{module}.ggml_type": torch.tensor(GGMLQuantizationType[t.type_name]),
+            }
+        head = _target(HEAD, t, mode)
+        if config.tie_word_embeddings and head != "float":
+            state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head, int8).items()}
+        return state
+    tensors = {
+        k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
+        for k, v in _convert(t, raw, _target(module, t, mode), int8).items()
+    }
+    return split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
+
+
+def quantization_label(state: dict[str, torch.Tensor]) -> str | None:
+    """How a state's layers compute, in a word: "int4", "int8", "int4+int8" (a mixed file such as
+    Q4_K_M: Q4_K layers int4, the others int8) or None (floating point). The output head is
+    left out: it is int8 in every quantized mode."""
+    kinds = {
+        "int4" if f"{k[: -len('.scales')]}.mins" in state else "int8"
+        for k in state
+        if k.endswith(".scales") and not k.startswith(f"{HEAD}.")
+    }
+    if not kinds:
+        return "int8" if f"{HEAD}.scales" in state else None
+    return "+".join(sorted(kinds))
