@@ -97,11 +97,12 @@ def plot_grid(records: list[dict], modes: list[str], path: str, title: str) -> N
     needles = [r for r in records if r.get("depth") is not None]
     lengths = sorted({r["length"] for r in needles})
     depths = sorted({r["depth"] for r in needles})
+    width = max(3.0, 0.9 * len(lengths) + 1.2)
     fig, axes = plt.subplots(
-        1, len(modes), figsize=(1.2 + 1.1 * len(lengths) * len(modes), 1.2 + 0.5 * len(depths))
+        1, len(modes), figsize=(width * len(modes) + 1, 1.8 + 0.45 * len(depths)), squeeze=False
     )
-    axes = [axes] if len(modes) == 1 else list(axes)
-    for ax, mode in zip(axes, modes):
+    axes = list(axes[0])
+    for k, (ax, mode) in enumerate(zip(axes, modes)):
         grid = [[float("nan")] * len(lengths) for _ in depths]
         for i, d in enumerate(depths):
             for j, n in enumerate(lengths):
@@ -112,6 +113,7 @@ def plot_grid(records: list[dict], modes: list[str], path: str, title: str) -> N
                 ]
                 if cell:
                     grid[i][j] = sum(cell) / len(cell)
+                    ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8)
         image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
         ax.set_title(mode)
         ax.set_xticks(
@@ -119,8 +121,9 @@ def plot_grid(records: list[dict], modes: list[str], path: str, title: str) -> N
         )
         ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
         ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("needle depth")
+        if k == 0:
+            ax.set_ylabel("needle depth")
     fig.colorbar(image, ax=axes, label="score")
-    fig.suptitle(title)
+    fig.suptitle(title, y=1.0 + 0.25 / (1.8 + 0.45 * len(depths)))
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import random
 import string
 import uuid
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate
 
 from .haystack import NOISE, Prose
 
@@ -63,10 +65,17 @@ def random_value(rng: random.Random, kind: str, words: list[str]) -> str:
 
 
 def place(units: list[str], planted: list[tuple[float, str]]) -> list[str]:
-    """`units` with each (depth, text) inserted before unit int(depth * len(units))."""
+    """`units` with each (depth, text) inserted at the unit boundary nearest that fraction of
+    their characters (RULER counts sentences; prose sentences vary too much in length for that)."""
+    bounds = [0, *accumulate(len(u) + 1 for u in units)]  # where each boundary sits
     at: dict[int, list[str]] = {}
     for depth, text in planted:
-        at.setdefault(int(depth * len(units)), []).append(text)
+        target = depth * bounds[-1]
+        j = bisect_left(bounds, target)
+        i = min(
+            (b for b in (j - 1, j) if 0 <= b < len(bounds)), key=lambda b: abs(bounds[b] - target)
+        )
+        at.setdefault(i, []).append(text)
     out = []
     for i in range(len(units) + 1):
         out += at.get(i, [])

@@ -25,15 +25,17 @@ class ResultsFile:
         self.path = Path(path) if path is not None else None
         self.done: dict[str, dict] = {}
         self.skipped_lines = 0  # unreadable lines, such as the last one of a killed run
+        self._open_line = False  # the file ends inside a line (a killed run's half record)
         if self.path is not None and self.path.exists():
             self._read()
 
     def _read(self) -> None:
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            text = self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InputError(f"--results {self.path}: cannot read it ({e})") from None
-        for line in lines:
+        self._open_line = bool(text) and not text.endswith("\n")
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
                 self.done[record["id"]] = record
@@ -45,7 +47,8 @@ class ResultsFile:
         if self.path is None:
             return
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write("\n" * self._open_line + json.dumps(record) + "\n")
+            self._open_line = False
             f.flush()
             os.fsync(f.fileno())
 
