@@ -119,7 +119,7 @@ def plot_grid(records: list[dict], modes: list[str], path: str, title: str) -> N
         ax.set_xticks(
             range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths]
         )
-        ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+        ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths] if k == 0 else [])
         ax.set_xlabel("length (tokens)")
         if k == 0:
             ax.set_ylabel("needle depth")
