@@ -1,4 +1,5 @@
-"""`msa eval passkey`: answer quality, by length and depth."""
+"""`msa eval`: answer quality. `passkey` (a key in filler), `ruler` (RULER's synthetic tasks,
+generated from a seed), `file` (the user's own question set), each by attention mode."""
 
 from __future__ import annotations
 
@@ -86,3 +87,137 @@ def eval_passkey(
             for r in rows
         ]
         print_rows(summary, False, f"msa eval passkey: {loaded.name}, {loaded.weights} weights")
+
+
+ResultsOption = typer.Option(
+    None,
+    "--results",
+    help="Append each scored item to this JSON-lines file; a rerun with it skips those items.",
+)
+JsonOption = typer.Option(False, "--json", help="Print one JSON object: summary and every item.")
+
+
+def _modes(attention: str, topk: int) -> list:
+    from msa.models.attention_settings import AttentionSettings
+
+    from ..engine.evals.runner import Mode
+
+    try:
+        labels = list(dict.fromkeys(m.strip() for m in attention.split(",") if m.strip()))
+        return [Mode(m, AttentionSettings(mode=m, topk=topk)) for m in labels]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--attention") from None
+
+
+@eval_app.command("ruler")
+@reports_errors
+def eval_ruler(
+    lengths: str = typer.Option(
+        "4k,16k", "--lengths", "-l", help="Prompt lengths in the model's tokens; k, m suffixes."
+    ),
+    tasks: str = typer.Option(
+        "all", "--tasks", help="RULER tasks, comma-separated: all, niah, or names (see README)."
+    ),
+    samples: int = typer.Option(
+        5, "--samples", "-n", min=1, help="Items per task and length; needle depths spread evenly."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated items."),
+    attention: str = typer.Option(
+        "dense,msa", "--attention", help="Attention modes to compare, side by side."
+    ),
+    dense_limit: int | None = typer.Option(
+        None, "--dense-limit", min=1, help="Longest length dense runs at (default: the model's)."
+    ),
+    haystack: str | None = typer.Option(
+        None, "--haystack", help="A prose text file to hide needles in (default: a shipped book)."
+    ),
+    results: str | None = ResultsOption,
+    plot: str | None = typer.Option(None, "--plot", help="Draw the depth x length grid (PNG)."),
+    model: str = ModelOption,
+    topk: int = TopkOption,
+    threads: int | None = ThreadsOption,
+    quant: str | None = QuantOption,
+    json_out: bool = JsonOption,
+    cache_dir: str | None = CacheDirOption,
+):
+    """RULER's synthetic long-context tasks, attention modes side by side."""
+    from ..engine.evals.haystack import read_prose, shipped_prose
+    from ..engine.evals.results import ResultsFile, summarize
+    from ..engine.evals.ruler import ruler_score, ruler_units
+    from ..engine.evals.runner import dense_skip, run_sweep
+    from ..engine.evals.tasks import parse_tasks
+    from ..engine.model import load as load_model
+    from . import eval_report as report
+    from .output import note
+
+    check_precision(quant)
+    if plot:
+        report.check_plot()
+    chosen, sizes, modes = parse_tasks(tasks), parse_lengths(lengths), _modes(attention, topk)
+    prose = read_prose(haystack) if haystack else shipped_prose()
+    store = ResultsFile(results)
+    engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
+    limit = dense_limit or engine.loaded.config.max_position_embeddings
+    units = ruler_units(engine.loaded.tokenizer, chosen, sizes, samples, seed, prose)
+    records, totals = run_sweep(
+        engine,
+        units,
+        modes,
+        store,
+        ruler_score,
+        skip=lambda unit, mode: (
+            dense_skip(engine, unit.fields["length"], limit)
+            if mode.attention.mode == "dense"
+            else None
+        ),
+        on_result=report.progress_line,
+    )
+    labels = [m.label for m in modes]
+    rows = summarize(records, labels)
+    title = f"msa eval ruler: {engine.name}, {samples} samples, haystack {prose.name}"
+    if json_out:
+        report.print_json(records, rows, totals, model=engine.name, modes=labels, seed=seed)
+    else:
+        report.print_table(rows, labels, title, totals)
+    if plot:
+        report.plot_grid(records, labels, plot, title)
+
+
+@eval_app.command("file")
+@reports_errors
+def eval_file(
+    path: str = typer.Argument(..., help="JSON lines: context or context_file, question, answers."),
+    attention: str = typer.Option(
+        "dense,msa", "--attention", help="Attention modes to compare, side by side."
+    ),
+    results: str | None = ResultsOption,
+    model: str = ModelOption,
+    topk: int = TopkOption,
+    threads: int | None = ThreadsOption,
+    quant: str | None = QuantOption,
+    json_out: bool = JsonOption,
+    cache_dir: str | None = CacheDirOption,
+):
+    """Your own questions: exact match, contains and token F1, by attention mode."""
+    from ..engine.evals.results import ResultsFile, summarize
+    from ..engine.evals.runner import run_sweep
+    from ..engine.evals.user_set import file_score, read_set
+    from ..engine.model import load as load_model
+    from . import eval_report as report
+    from .output import note
+
+    check_precision(quant)
+    modes, units, store = _modes(attention, topk), read_set(path), ResultsFile(results)
+    engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
+    records, totals = run_sweep(
+        engine, units, modes, store, file_score, on_result=report.progress_line
+    )
+    labels = [m.label for m in modes]
+    rows = []
+    for metric in ("exact", "contains", "f1"):
+        for row in summarize(records, labels, score=metric):
+            rows.append({**row, "task": f"{row['task']} ({metric})"})
+    if json_out:
+        report.print_json(records, rows, totals, model=engine.name, modes=labels)
+    else:
+        report.print_table(rows, labels, f"msa eval file: {engine.name}", totals)

@@ -1,0 +1,118 @@
+"""Scorers against hand-worked cases, the sizing search on a counted function, and the results
+file's resume (a stand-in answerer: the model is not what these test)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from msa.engine.evals.results import ResultsFile, item_id, summarize
+from msa.engine.evals.runner import Answer, Mode, Prepared, Unit, run_sweep
+from msa.engine.evals.scoring import contains, exact_match, string_match_all, token_f1
+from msa.engine.evals.sizing import fit_units
+from msa.models.attention_settings import AttentionSettings
+
+
+def test_string_match_all_is_the_share_of_references_found_ignoring_case():
+    assert string_match_all("The numbers are 123 and 456.", ["123", "456", "789"]) == 2 / 3
+    assert string_match_all("KEY-ONE", ["key-one"]) == 1.0
+    assert string_match_all("nothing", ["12"]) == 0.0
+
+
+def test_squad_scores_by_hand():
+    # normalized: "eiffel tower" / "the eiffel tower in paris" -> "eiffel tower in paris"
+    assert exact_match("The Eiffel Tower!", ["eiffel tower"]) == 1.0
+    assert exact_match("the Eiffel Tower in Paris", ["eiffel tower"]) == 0.0
+    assert contains("It is the Eiffel Tower in Paris.", ["Eiffel tower"]) == 1.0
+    assert contains("Eiffel Towers", ["eiffel tower"]) == 0.0  # whole words only
+    # given "eiffel tower in paris" (4 tokens), answer "eiffel tower" (2): P=2/4, R=1 -> F1=2/3
+    assert token_f1("the Eiffel Tower in Paris", ["eiffel tower", "london"]) == pytest.approx(2 / 3)
+    assert token_f1("red red", ["red"]) == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert token_f1("blue", ["red"]) == 0.0
+
+
+def test_sizing_lands_within_tolerance_and_never_over():
+    for per_unit, base, budget in [(25, 60, 1000), (1.3, 80, 131_072), (45, 10, 4032)]:
+        calls = []
+
+        def tokens(n, per_unit=per_unit, base=base, calls=calls):
+            calls.append(n)
+            return base + int(n * per_unit)
+
+        n, used = fit_units(tokens, budget, 64)
+        assert budget - 64 <= used <= budget and used == tokens(n)
+        assert len(calls) <= 8  # secant steps, not a unit-by-unit walk
+    with pytest.raises(ValueError):
+        fit_units(lambda n: 500 + n, 400, 64)
+
+
+def _units(n):
+    return [
+        Unit({"task": "t", "length": 100, "depth": None, "sample": i, "seed": 0}, 100, _item(i))
+        for i in range(n)
+    ]
+
+
+def _item(i):
+    return lambda: Prepared("q?", [str(i)], 8, text=f"doc {i}")
+
+
+class _Model:
+    name = "stand-in"
+
+
+def _sweep(path, asked):
+    def answer(model, item, mode):
+        asked.append((item.text, mode.label))
+        return Answer(item.answers[0] if mode.label == "dense" else "no", 10, 4, 0.5)
+
+    modes = [Mode("dense", AttentionSettings(mode="dense")), Mode("msa", AttentionSettings())]
+    return run_sweep(
+        _Model(),
+        _units(3),
+        modes,
+        ResultsFile(path),
+        lambda given, item: {"score": string_match_all(given, item.answers)},
+        answer=answer,
+    )
+
+
+def test_a_resumed_sweep_asks_only_what_the_results_file_lacks(tmp_path):
+    path = tmp_path / "results.jsonl"
+    asked: list = []
+    records, totals = _sweep(path, asked)
+    assert len(asked) == 6 and totals.items == 6
+    lines = path.read_text().splitlines()
+    assert len(lines) == 6
+    # an interrupted run: the file kept 4 whole results and half of a fifth
+    path.write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])
+    asked.clear()
+    records, totals = _sweep(path, asked)
+    assert asked == [("doc 2", "dense"), ("doc 2", "msa")]  # only the two missing
+    assert totals.items == 2 and totals.resumed == 4 and len(records) == 6
+    assert [r["id"] for r in records] == [json.loads(line)["id"] for line in lines]
+    rows = summarize(records, ["dense", "msa"])
+    assert rows == [
+        {
+            "task": "t",
+            "length": 100,
+            "dense": 1.0,
+            "dense_items": 3,
+            "dense_seconds": 1.5,
+            "msa": 0.0,
+            "msa_items": 3,
+            "msa_seconds": 1.5,
+            "msa-dense": -1.0,
+        }
+    ]
+    asked.clear()
+    _sweep(path, asked)
+    assert asked == []
+
+
+def test_item_ids_are_stable_and_tell_items_apart():
+    fields = dict(task="vt", length=4096, depth=0.5, sample=0, seed=0, attention="msa", model="m")
+    assert item_id(**fields) == item_id(**dict(reversed(list(fields.items()))))
+    assert item_id(**fields) != item_id(**{**fields, "attention": "dense"})
+    assert item_id(**fields) != item_id(**{**fields, "depth": 0.25})
