@@ -14,8 +14,10 @@ from .attention_settings import AttentionSettings
 from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
 from .fused_decode import FusedDecode, layer_spec
+from .head_refine import refine_top
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
+from .quantize import Int4Linear, Int8Linear
 from .rope_scaling import rotary_embedding
 
 
@@ -172,8 +174,25 @@ class Transformer(nn.Module):
         return self.embed_tokens(tokens)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [..., vocab] of the last layer's hidden states x [..., hidden], in x's dtype."""
-        return self.lm_head(self.norm(x))
+        """Logits [..., vocab] of the last layer's hidden states x [..., hidden]: fp32 where the
+        head computes in fp32, else its top candidates recomputed in fp32 (head_refine.py)."""
+        h = self.norm(x)
+        logits = self.lm_head(h)
+        head = self.lm_head
+        if isinstance(head, Int4Linear) or (
+            isinstance(head, nn.Linear) and head.weight.dtype == torch.float32
+        ):
+            return logits.float()  # fp32 already (an int4 head keeps no rows to read back)
+        return refine_top(logits, h, self.head_rows)
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows [n, hidden] of the output head for token ids [n], in fp32."""
+        head = self.lm_head
+        if self.config.tie_word_embeddings and hasattr(self.embed_tokens, "rows"):
+            return self.embed_tokens.rows(ids)  # the GGUF blocks themselves
+        if isinstance(head, Int8Linear):
+            return head.weight[ids].float() * head.scales[ids, None].float()
+        return head.weight[ids].float()
 
     def prepare_decode(self, on_build: Callable[[], None] | None = None) -> str | None:
         """Build the fused decode step now rather than at the first one-token forward;

@@ -34,12 +34,16 @@ class QuantizedEmbedding(nn.Module):
             return super()._load_from_state_dict(state_dict, prefix, *args)
         self.blocks, self.ggml_type = (state_dict[n] for n in names)  # any shape: taken as is
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids` [n], dequantized exactly: fp32 [n, dim]."""
         from gguf import GGMLQuantizationType
 
         type_name = GGMLQuantizationType(int(self.ggml_type)).name
-        rows = self.blocks[ids.reshape(-1)].numpy()  # [T, bytes per row]
-        out = torch.from_numpy(dequantize_rows(rows, type_name, self.embedding_dim))
+        rows = self.blocks[ids.reshape(-1)].numpy()  # [n, bytes per row]
+        return torch.from_numpy(dequantize_rows(rows, type_name, self.embedding_dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.rows(ids)
         return out.to(self.weight.dtype).view(*ids.shape, self.embedding_dim)
 
 

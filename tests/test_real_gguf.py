@@ -19,8 +19,10 @@ FOLDER = os.environ.get("MSA_REAL_GGUF_DIR")
 
 # In a fresh process, so that its peak RSS is the load's: the config and every tensor, as
 # `msa` loads them by default (as stored), through the converted copy (tokenizer, index).
+# VmHWM, not getrusage: Linux carries ru_maxrss across exec, so a child of a large pytest
+# process would report the parent's size.
 LOAD = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from msa.models.gguf_loader import load_gguf
 ckpt = load_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
@@ -28,7 +30,8 @@ print(json.dumps({
     "tensors": len(ckpt.weights),
     "quantization": ckpt.meta["quantization"],
     "architecture": ckpt.config.architecture,
-    "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "peak_rss": next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+                     if line.startswith("VmHWM:")),
 }))
 """
 
