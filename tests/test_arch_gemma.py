@@ -16,6 +16,7 @@ from msa.models.attention_settings import AttentionSettings
 from msa.models.fused_decode import NOT_PLAIN_LAYERS
 from msa.models.gemma import Gemma2, Gemma3
 from msa.models.loading import load_model
+from msa.models.tokenizer import ChatTemplate
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,10 +122,13 @@ def test_verbose_says_why_gemma2_attends_densely_and_decodes_per_op(gemma2):
 
     _, model = gemma2
     model.prepare_decode()
-    loaded = SimpleNamespace(name="tiny-gemma2", source="here", weights="fp32", model=model)
+    tokenizer = SimpleNamespace(template=ChatTemplate(""))  # a base model's: no template
+    loaded = SimpleNamespace(
+        name="tiny-gemma2", source="here", weights="fp32", model=model, tokenizer=tokenizer
+    )
     line = _model_line(loaded, 0.1, 2, AttentionSettings(mode="msa"))
     assert f"attention dense ({SOFTCAP_DENSE}), top-k 8" in line
-    assert line.endswith(f"decode op by op ({NOT_PLAIN_LAYERS})")
+    assert f"decode op by op ({NOT_PLAIN_LAYERS}); prompt: a plain" in line
 
 
 def test_gemma3_matches_transformers(gemma3):
