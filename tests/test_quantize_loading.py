@@ -92,14 +92,14 @@ def test_int4_prefill_from_an_fp32_copy_computes_the_dequantized_model(q4_gguf, 
     without = load_model(str(q4_gguf), converted_root=None)
     assert len({quant.digest, without.digest}) == 2  # K/V differ: the prefix cache keys on it
     plain = load_model(str(q4_gguf), converted_root=None, quant="none")
-    reference = copy.deepcopy(plain.model)
-    reference.lm_head = torch.nn.Linear(192, 262, bias=False)
-    reference.lm_head.weight = torch.nn.Parameter(
-        dequantize_int8(*quantize_int8(plain.model.embed_tokens.weight.detach()))
-    )
     ids = list(range(3, 243, 6))  # 40 tokens: one prefill chunk
-    expected = reference(torch.tensor(ids), reference.new_cache(), all_logits=True)
-    assert_close(logits(quant, ids), expected, atol=1e-4, what="fp32 copy")
+    expected = plain.model(torch.tensor(ids), plain.model.new_cache(), all_logits=True)
+    got = logits(quant, ids)
+    # the head's top candidates come from the file's own rows (head_refine.py): exact; the
+    # rest from its int8 rows
+    top = expected.topk(8, dim=-1).indices
+    assert_close(got.gather(-1, top), expected.gather(-1, top), atol=1e-4, what="fp32 copy")
+    assert_close(got, expected, atol=0.1, what="fp32 copy, int8 head rows")
 
 
 def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
