@@ -1,10 +1,11 @@
 """Read a GGUF file (llama.cpp's format): config, weights, tokenizer, chat template.
 
-Parsing the metadata (the vocabulary above all) takes seconds, so the first load writes a
-small converted copy into `converted_dir`: tokenizer.json and meta.json (the config as a
-Hugging Face dict, the tensor index, the chat template). Every load then maps the GGUF and
-converts its tensors one at a time (gguf_tensors.py); the only weights kept are the int8
-roundings of tensors of other types, where they take no more room than the GGUF.
+Reading the metadata (gguf_header.py) and building the tokenizer from its vocabulary takes a
+second or more on a real file, so the first load writes a small converted copy into
+`converted_dir`: tokenizer.json and meta.json (the config as a Hugging Face dict, the tensor
+index, the chat template). Every load then maps the GGUF and converts its tensors one at a time
+(gguf_tensors.py); the only weights kept are the int8 roundings of tensors of other types,
+where they take no more room than the GGUF.
 """
 
 from __future__ import annotations
@@ -38,10 +39,6 @@ CONVERTED_FORMAT = 4  # 4: no weights copy; meta.json has the tensor index, the 
 INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (Int8Copy)
 
 
-def _field(header: GgufHeader, key, default=None):
-    return header.fields.get(key, default)
-
-
 def _config(hf_config: dict) -> ModelConfig:
     return config_class(hf_config["model_type"]).from_dict(hf_config)
 
@@ -52,7 +49,7 @@ def _hf_config(header: GgufHeader) -> dict:
     def read_floats(name: str) -> list[float]:
         return np.asarray(read_tensor(header, name), dtype=np.float32).ravel().tolist()
 
-    return hf_config_dict(lambda k, d=None: _field(header, k, d), tensors, read_floats)
+    return hf_config_dict(header.fields.get, tensors, read_floats)
 
 
 def _tokenizer_from_metadata(header: GgufHeader) -> tuple[str, dict]:
@@ -78,11 +75,11 @@ def _convert(path: Path, digest: str, out: Path) -> None:
         "format": CONVERTED_FORMAT,
         "digest": digest,
         "source": str(path),
-        "architecture": _field(header, "general.architecture"),
+        "architecture": header.fields.get("general.architecture"),
         "config": hf_config,
         "tensors": index_to_json(index),
         **prompt_meta,
-        "name": _field(header, "general.name", path.stem),
+        "name": header.fields.get("general.name", path.stem),
     }
     # meta.json last: its presence says the copy is complete.
     write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
