@@ -1,10 +1,11 @@
 """Read a GGUF file (llama.cpp's format): config, weights, tokenizer, chat template.
 
-Parsing the metadata (the vocabulary above all) takes seconds, so the first load writes a
-small converted copy into `converted_dir`: tokenizer.json and meta.json (the config as a
-Hugging Face dict, the tensor index, the chat template). Every load then maps the GGUF and
-converts its tensors one at a time (gguf_tensors.py); the only weights kept are the int8
-roundings of tensors of other types, where they take no more room than the GGUF.
+Reading the metadata (gguf_header.py) and building the tokenizer from its vocabulary takes a
+second or more on a real file, so the first load writes a small converted copy into
+`converted_dir`: tokenizer.json and meta.json (the config as a Hugging Face dict, the tensor
+index, the chat template). Every load then maps the GGUF and converts its tensors one at a time
+(gguf_tensors.py); the only weights kept are the int8 roundings of tensors of other types,
+where they take no more room than the GGUF.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .config import ModelConfig
 from .digests import file_digest, memo_dir
 from .errors import ModelError
 from .gguf_config import hf_config_dict
+from .gguf_header import GgufHeader, read_header, read_tensor
 from .gguf_tensors import (
     check_types,
     gguf_state,
@@ -37,29 +39,23 @@ CONVERTED_FORMAT = 4  # 4: no weights copy; meta.json has the tensor index, the 
 INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (Int8Copy)
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def _config(hf_config: dict) -> ModelConfig:
     return config_class(hf_config["model_type"]).from_dict(hf_config)
 
 
-def _hf_config(reader) -> dict:
-    tensors = {t.name: tuple(int(s) for s in reversed(t.shape)) for t in reader.tensors}
-    by_name = {t.name: t for t in reader.tensors}
+def _hf_config(header: GgufHeader) -> dict:
+    tensors = {t.name: tuple(reversed(t.shape)) for t in header.tensors}
 
     def read_floats(name: str) -> list[float]:
-        return np.asarray(by_name[name].data, dtype=np.float32).ravel().tolist()
+        return np.asarray(read_tensor(header, name), dtype=np.float32).ravel().tolist()
 
-    return hf_config_dict(lambda k, d=None: _field(reader, k, d), tensors, read_floats)
+    return hf_config_dict(header.fields.get, tensors, read_floats)
 
 
-def _tokenizer_from_metadata(reader) -> tuple[str, dict]:
+def _tokenizer_from_metadata(header: GgufHeader) -> tuple[str, dict]:
     """The tokenizer.json text, and the meta.json entries of the prompt (gguf_vocab.py)."""
     vocab = vocab_from_metadata(
-        {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
+        {k: v for k, v in header.fields.items() if k.startswith("tokenizer.")}
     )
     return vocab.tokenizer.to_str(), vocab.meta()
 
@@ -67,28 +63,23 @@ def _tokenizer_from_metadata(reader) -> tuple[str, dict]:
 def _convert(path: Path, digest: str, out: Path) -> None:
     """Write the small part of a converted copy: meta.json (config, tensor index, chat template)
     and tokenizer.json. The weights are read from the GGUF itself at each load."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:  # the gguf library raises ValueError, struct errors, ...
-        raise ModelError(f"{path} is not a readable GGUF file ({e})") from None
-    index = tensor_index(reader)
+    header = read_header(path)  # ModelError for a file that is not a GGUF
+    index = tensor_index(header)
     check_types(index)  # before any other work
-    hf_config = _hf_config(reader)
+    hf_config = _hf_config(header)
     _config(hf_config)  # its checks, before the tokenizer is read
-    tokenizer_json, prompt_meta = _tokenizer_from_metadata(reader)
+    tokenizer_json, prompt_meta = _tokenizer_from_metadata(header)
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
     meta = {
         "format": CONVERTED_FORMAT,
         "digest": digest,
         "source": str(path),
-        "architecture": _field(reader, "general.architecture"),
+        "architecture": header.fields.get("general.architecture"),
         "config": hf_config,
         "tensors": index_to_json(index),
         **prompt_meta,
-        "name": _field(reader, "general.name", path.stem),
+        "name": header.fields.get("general.name", path.stem),
     }
     # meta.json last: its presence says the copy is complete.
     write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))

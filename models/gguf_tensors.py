@@ -20,6 +20,7 @@ import torch
 
 from .errors import ModelError
 from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
+from .gguf_header import GgufHeader
 from .gguf_names import CONFIG_TENSORS, our_name, split_fused_rows, undo_norm_shift, unpermute_rows
 
 FLOAT = "none"  # the mode that asks for floating-point weights whatever the file stores
@@ -40,17 +41,11 @@ class TensorInfo:
         return int(np.prod(self.shape[:-1], dtype=np.int64)), cols
 
 
-def tensor_index(reader) -> list[TensorInfo]:
-    """The tensors of an open `gguf.GGUFReader`."""
+def tensor_index(header: GgufHeader) -> list[TensorInfo]:
+    """The tensors of a GGUF header (gguf_header.py), rows first."""
     return [
-        TensorInfo(
-            t.name,
-            t.tensor_type.name,
-            tuple(int(s) for s in reversed(t.shape)),
-            int(t.data_offset),
-            int(t.n_bytes),
-        )
-        for t in reader.tensors
+        TensorInfo(t.name, t.type_name, tuple(reversed(t.shape)), t.data_offset, t.n_bytes)
+        for t in header.tensors
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from msa.engine.prompt import build_prompt
 from msa.models.errors import ModelError
+from msa.models.gguf_header import read_header
 from msa.models.gguf_vocab import vocab_from_metadata
 from msa.models.tokenizer import ChatTemplate, StreamingDecoder, TextTokenizer
 
@@ -43,12 +44,8 @@ def write_vocab_gguf(path, model: str, tokens, types, **extra) -> None:
 
 
 def read_vocab(path):
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    return vocab_from_metadata(
-        {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    )
+    fields = read_header(path).fields
+    return vocab_from_metadata({k: v for k, v in fields.items() if k.startswith("tokenizer.")})
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 import llamacpp_reference
 import pytest
 
+from msa.models.gguf_header import read_header
 from msa.models.gguf_loader import _tokenizer_from_metadata
 
 # read at import: the per-test home clears MSA_* variables
@@ -48,13 +49,12 @@ def reference_ids(path: Path, texts: list[str]) -> list[list[int]]:
 
 @functools.cache
 def converted(name: str):
-    from gguf import GGUFReader
     from tokenizers import Tokenizer
 
     path = Path(REAL_DIR) / name
     if not path.is_file():
         pytest.skip(f"{path} is not there")
-    tokenizer_json, meta = _tokenizer_from_metadata(GGUFReader(str(path)))
+    tokenizer_json, meta = _tokenizer_from_metadata(read_header(path))
     return path, Tokenizer.from_str(tokenizer_json), meta
 
 

@@ -41,8 +41,8 @@ print(json.dumps({
 def test_real_gguf_weights_load_within_the_memory_bound(name, tmp_path):
     path = Path(FOLDER) / name
     assert path.is_file(), f"{path} is missing"
-    # The first load parses the metadata (gguf.GGUFReader: its vocabulary of 150K-260K strings
-    # holds more memory than these small models' weights) and writes the converted copy; the
+    # The first load parses the metadata (gguf_header.py: its vocabulary of 150K-260K strings)
+    # and writes the converted copy (the tokenizer built from that vocabulary); the
     # bound applies to the loads after it, which read the weights by the kept tensor index.
     for attempt in ("first load (parses the metadata)", "second load (maps the file)"):
         run = subprocess.run(
