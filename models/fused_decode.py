@@ -30,22 +30,23 @@ NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-
 
 
 def linear_spec(linear: nn.Module):
-    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form
-    (the kernel adds no biases)."""
-    if getattr(linear, "bias", None) is not None:
-        return None
+    """A linear module as the kernel's `(kind, a, b, group, bias)` (bias fp32 [N], or empty:
+    none), or None if it has no such form."""
+    bias = getattr(linear, "bias", None)
+    bias = torch.empty(0) if bias is None else bias.detach().float().contiguous()
     if isinstance(linear, Int4Linear):
-        return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size)
+        return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size, bias)
     if isinstance(linear, Int8Linear):
-        return (kernel.INT8, linear.weight, linear.scales.to(torch.bfloat16), 0)
+        return (kernel.INT8, linear.weight, linear.scales.to(torch.bfloat16), 0, bias)
     if type(linear) is nn.Linear and linear.weight.dtype == torch.float32:
-        return (kernel.FP32, linear.weight.detach().contiguous(), torch.empty(0), 0)
+        return (kernel.FP32, linear.weight.detach().contiguous(), torch.empty(0), 0, bias)
     return None
 
 
 def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None:
-    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears "qkv", "o",
-    "gate_up", "down" on the CPU; None if any of them has no such form."""
+    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears on the CPU,
+    "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"), "down"; None if any of them has
+    no such form."""
     norms = (norm_in, norm_post)
     if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
         return None
