@@ -45,6 +45,17 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def head_norms(qkv: torch.Tensor, spec: dict, n_heads: int, d: int, eps: float) -> torch.Tensor:
+    """qkv with each head of q and of k RMS-normalized over D where the layer has `q_norm` and
+    `k_norm` (Qwen3: one weight for every q head, one for every k head)."""
+    if "q_norm" not in spec:
+        return qkv
+    n_q, n_k = n_heads * d, (qkv.shape[0] - n_heads * d) // 2
+    q = F.rms_norm(qkv[:n_q].view(-1, d), (d,), spec["q_norm"], eps).reshape(-1)
+    k = F.rms_norm(qkv[n_q : n_q + n_k].view(-1, d), (d,), spec["k_norm"], eps).reshape(-1)
+    return torch.cat([q, k, qkv[n_q + n_k :]])
+
+
 def decoder_step_reference(
     x,
     layers,
@@ -65,14 +76,14 @@ def decoder_step_reference(
 
     `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
     specs `qkv` (q, then k, then v rows) or `q`, `k`, `v`; `o`; `gate_up` (gate rows, then up
-    rows) or `gate`, `up`; and `down`.
+    rows) or `gate`, `up`; and `down`; optionally `q_norm`, `k_norm` (fp32 [D]).
     An MSA step (pos >= settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
     x = x.clone()
     d = cos.shape[0]
     shared = None
     for layer, (spec, k_store, v_store) in enumerate(zip(layers, keys, values)):
         h = F.rms_norm(x, x.shape, spec["norm_in"], eps)
-        qkv = group_reference(spec, "qkv", ("q", "k", "v"), h)
+        qkv = head_norms(group_reference(spec, "qkv", ("q", "k", "v"), h), spec, n_heads, d, eps)
         q0 = qkv[: n_heads * d].view(n_heads, d)
         qk = qkv[: (n_heads + n_kv_heads) * d].view(-1, d)
         qk = qk * cos + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin

@@ -8,7 +8,8 @@ rounding; int8/int4 activations round to bf16 as the per-op path does.
 `Transformer.prepare_decode` builds it once per model (the extension on first use in the
 process) from the layers' specs (`layer_spec`, which the model family gives for the layers it
 knows the step computes); `Transformer.forward` runs a one-token forward with it when the cache
-fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (q/k norms, MoE,
+fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (norms across
+heads, MoE,
 partial RoPE, bf16 compute, int8 K/V, sources) runs per op.
 """
 
@@ -43,11 +44,12 @@ def linear_spec(linear: nn.Module):
     return None
 
 
-def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None:
+def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module], head_norms=()) -> dict | None:
     """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears on the CPU,
-    "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"), "down"; None if any of them has
+    "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"), "down"; `head_norms`, where it
+    has them: the RMSNorms (q, k) over each head before RoPE (Qwen3). None if any of them has
     no such form."""
-    norms = (norm_in, norm_post)
+    norms = (norm_in, norm_post, *head_norms)
     if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
         return None
     spec = {name: linear_spec(m) for name, m in linears.items()}
@@ -55,6 +57,8 @@ def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None
         return None
     spec["norm_in"] = norm_in.weight.detach().contiguous()
     spec["norm_post"] = norm_post.weight.detach().contiguous()
+    for name, norm in zip(("q_norm", "k_norm"), head_norms):
+        spec[name] = norm.weight.detach().contiguous()
     return spec
 
 

@@ -23,6 +23,9 @@ from .rope_scaling import rotary_embedding
 
 class Attention(nn.Module):
     fusable_projections = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}  # see fuse.py
+    # the RMSNorms (q, k) a family's qk_norm applies to each head over D, one weight for every
+    # head, and nothing else (Qwen3): the fused decode step computes those
+    head_norms: tuple[str, ...] = ()
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -112,12 +115,15 @@ class Block(nn.Module):
     def fused_spec(self) -> dict | None:
         """This layer as the fused decode step computes it (fused_decode.layer_spec), or None:
         Llama's own layers have that form, biases or not, and so do the families' layers that
-        change nothing but which projections have biases (Qwen2). Projections left unfused
-        (parts in different formats, as in a GGUF Q4_K_M file) go to the step as their parts."""
+        change nothing but which projections have biases (Qwen2) or add `head_norms` (Qwen3).
+        Projections left unfused (parts in different formats, as in a GGUF Q4_K_M file) go to
+        the step as their parts."""
         attn, mlp = self.self_attn, self.mlp
+        head_norms = [getattr(attn, name) for name in attn.head_norms]
+        changes = {"biases"} | ({"__init__", "qk_norm", "head_norms"} if head_norms else set())
         if not (
             _changes_only(type(self), Block, {"attention_class", "mlp_class"})
-            and _changes_only(type(attn), Attention, {"biases"})
+            and _changes_only(type(attn), Attention, changes)
             and _changes_only(type(mlp), MLP, set())
         ):
             return None
@@ -130,7 +136,7 @@ class Block(nn.Module):
         else:
             linears |= {"gate_up": mlp.gate_up_proj}
         linears |= {"o": attn.o_proj, "down": mlp.down_proj}
-        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears)
+        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears, head_norms)
 
 
 # what a class body holds besides what it defines

@@ -1,7 +1,8 @@
-"""The fused decode step on layers with biases and on projections left as separate parts, against
-the per-op path (`forward(..., fused=False)`): a tiny random Qwen2 (q/k/v biases) in fp32, int8
-and int4, Llama with attention_bias and mlp_bias, and a Qwen2 whose v and up are int8 beside
-int4 q, k and gate, unfused (a GGUF Q4_K_M file stores them so); dense and MSA steps."""
+"""The fused decode step on layers with biases, per-head q/k norms and projections left as
+separate parts, against the per-op path (`forward(..., fused=False)`): a tiny random Qwen2
+(q/k/v biases) in fp32, int8 and int4, Llama with attention_bias and mlp_bias, Qwen3 (q/k
+RMSNorm per head) in fp32 and int4, and a Qwen2 whose v and up are int8 beside int4 q, k and
+gate, unfused (a GGUF Q4_K_M file stores them so); dense and MSA steps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from conftest import assert_close
 from test_fused_decode import SETTINGS, _decode_both
 from tiny_checkpoints import tiny_model
 
+from msa.models.config import Qwen3Config
 from msa.models.family_configs import Qwen2Config
 from msa.models.fuse import fuse_projections
 from msa.models.quantize import quantize_model
@@ -21,9 +23,9 @@ SHAPE = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddin
 STEPS = {"dense": SETTINGS[0], "msa": SETTINGS[1]}
 
 
-def _qwen2(quant=None, fuse=True):
+def _qwen2(quant=None, fuse=True, family=Qwen2, config=Qwen2Config):
     torch.manual_seed(0)
-    model = Qwen2(Qwen2Config.tiny(**SHAPE)).eval()
+    model = family(config.tiny(**SHAPE)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -52,6 +54,8 @@ MODELS = {
     "qwen2-int4": lambda: _qwen2("int4"),
     "qwen2-mixed-parts": _mixed_qwen2,
     "llama-biases": _llama_with_biases,
+    "qwen3-fp32": lambda: _qwen2(family=Qwen3, config=Qwen3Config),
+    "qwen3-int4": lambda: _qwen2("int4", family=Qwen3, config=Qwen3Config),
 }
 
 
@@ -66,11 +70,3 @@ def test_biased_and_split_layers_decode_fused_like_per_op(name, steps):
     for layer in range(model.config.num_hidden_layers):
         assert_close(fused_cache.k[layer][:, :174], per_op_cache.k[layer][:, :174], atol=1e-5)
         assert_close(fused_cache.v[layer][:, :174], per_op_cache.v[layer][:, :174], atol=1e-5)
-
-
-def test_qwen3_q_k_norms_keep_the_per_op_path():
-    from msa.models.config import Qwen3Config
-
-    model = Qwen3(Qwen3Config.tiny(**SHAPE))
-    fuse_projections(model)
-    assert "not the plain Llama layers" in model.prepare_decode()

@@ -2,7 +2,7 @@
 fp32, int8 and int4 weights, GQA ratios 1 and 3, dense and MSA attention (selection per layer
 or shared from a selection layer, far blocks at true or bounded distances), and blocks that
 are not in the cache yet; biases, and q/k/v and gate/up as separate products in different
-formats."""
+formats; Qwen3's per-head q/k norms."""
 
 from __future__ import annotations
 
@@ -266,3 +266,23 @@ def test_biases_and_separate_parts_match_reference(extension, kind, split, setti
     unbiased = [{n: v[:4] if isinstance(v, tuple) else v for n, v in lr.items()} for lr in layers]
     without, *_ = run_both(extension, kind, 6, 2, 103, settings, sums, layers=unbiased)
     assert (actual - without).abs().max() > 0.1, "the biases changed nothing"
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
+@pytest.mark.parametrize("settings", [ds.StepSettings(), MSA_CASES[1]], ids=["dense", "msa"])
+def test_head_norms_match_reference(extension, kind, settings):
+    """Qwen3's RMSNorm of each q and k head over D before RoPE (one weight per side)."""
+    gen = torch.Generator().manual_seed(5)
+    plain = make_layers(kind, 6, 2)
+    norms = [dict(q_norm=torch.rand(HEAD_DIM, generator=gen) + 0.5) for _ in plain]
+    for n in norms:
+        n["k_norm"] = torch.rand(HEAD_DIM, generator=gen) + 0.5
+    layers = [layer | n for layer, n in zip(plain, norms)]
+    sums = summaries(2, settings.block_size)
+    actual, expected, (fk, _), (keys, _) = run_both(
+        extension, kind, 6, 2, 103, settings, sums, layers=layers
+    )
+    assert_close(actual, expected, **TOL, what="hidden state with q/k norms")
+    assert_close(fk[-1], keys[-1], **TOL, what="keys of the last layer")
+    without, *_ = run_both(extension, kind, 6, 2, 103, settings, sums, layers=plain)
+    assert (actual - without).abs().max() > 0.1, "the norms changed nothing"

@@ -1,5 +1,5 @@
 // One decode step (one new token) through a stack of pre-norm GQA decoder layers, on the CPU,
-// in one call: RMSNorm -> QKV (+ biases) -> rotate-half RoPE -> append K/V -> attention (dense, or
+// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm) -> rotate-half RoPE -> append K/V -> attention (dense, or
 // MSA: block selection over the cache's summaries, then the selected blocks) -> O -> residual
 // -> RMSNorm -> fused gate/up -> SiLU-GLU -> down -> residual, layer after layer.
 //
@@ -73,6 +73,7 @@ struct LinearGroup {
 
 struct Layer {
   at::Tensor norm_in, norm_post;  // fp32 [hidden]
+  at::Tensor q_norm, k_norm;      // fp32 [D], one for every head, or undefined: none (Qwen3's)
   LinearGroup qkv, gate_up;
   Linear o, down;
 };
@@ -397,6 +398,11 @@ class DecoderStack {
       Layer l;
       l.norm_in = spec["norm_in"].cast<at::Tensor>().contiguous();
       l.norm_post = spec["norm_post"].cast<at::Tensor>().contiguous();
+      if (spec.contains("q_norm")) {
+        l.q_norm = spec["q_norm"].cast<at::Tensor>().contiguous();
+        l.k_norm = spec["k_norm"].cast<at::Tensor>().contiguous();
+        TORCH_CHECK(l.q_norm.numel() == head_dim && l.k_norm.numel() == head_dim, "q/k norms must be [D]");
+      }
       l.qkv = make_group(spec, "qkv", {"q", "k", "v"}, {q, kv, kv}, hidden);
       l.o = make_linear(spec["o"].cast<py::tuple>(), n_heads * head_dim, hidden);
       l.gate_up = make_group(spec, "gate_up", {"gate", "up"}, {intermediate, intermediate}, hidden);
@@ -456,6 +462,11 @@ class DecoderStack {
       float* q = qkv.data();
       float* k = q + n_heads_ * d_;
       float* v = k + n_kv_heads_ * d_;
+      if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
+        for (int64_t hd = 0; hd < n_heads_; ++hd) rms_norm(q + hd * d_, l.q_norm.data_ptr<float>(), q + hd * d_, d_, eps_);
+        for (int64_t hd = 0; hd < n_kv_heads_; ++hd)
+          rms_norm(k + hd * d_, l.k_norm.data_ptr<float>(), k + hd * d_, d_, eps_);
+      }
       std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
       rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
       float* kst = ks.data_ptr<float>();
