@@ -12,6 +12,7 @@ from conftest import assert_close
 from test_fused_decode import SETTINGS, _decode_both
 from tiny_checkpoints import tiny_model
 
+from msa.kernels import decoder_step
 from msa.models.config import Qwen3Config
 from msa.models.family_configs import Qwen2Config
 from msa.models.fuse import fuse_projections
@@ -61,10 +62,17 @@ MODELS = {
 
 @pytest.mark.parametrize("steps", sorted(STEPS))
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_biased_and_split_layers_decode_fused_like_per_op(name, steps):
+def test_biased_and_split_layers_decode_fused_like_per_op(name, steps, monkeypatch):
     model = MODELS[name]()
     assert model.prepare_decode() is None, f"no fused step: {model.per_op_reason}"
+    runs, kernel_step = [], decoder_step.DecoderStep.step
+    monkeypatch.setattr(
+        decoder_step.DecoderStep,
+        "step",
+        lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
+    )
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, STEPS[steps], 150, 24)
+    assert runs == list(range(150, 174))  # the fused forwards ran the kernel, the others did not
     # the same bound as test_fused_decode.py's: float sum order only
     assert_close(fused, per_op, atol=1e-5 * float(per_op.abs().max()), what="logits")
     for layer in range(model.config.num_hidden_layers):
