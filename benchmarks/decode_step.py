@@ -1,4 +1,4 @@
-"""One decode step of the embedded model, the fused CPU step against the per-op path, side by side.
+"""One decode step of a model, the fused CPU step against the per-op path, side by side.
 
 For each context length: a cache prefilled with that many random tokens (default attention:
 dense for the first 1,024 tokens, MSA after), then the same next token decoded again and again
@@ -6,8 +6,11 @@ from it (the cache cut back after each round), each path timed in turn, best of 
 rounds of --steps steps; also the largest difference of the two paths' logits for that step
 (relative to the largest logit) and whether they pick the same token.
 
-    python benchmarks/decode_step.py [--lengths 512,2k,8k] [--quant int4] [--threads 2]
-        [--json out.json]
+    python benchmarks/decode_step.py [--model smollm2-135m] [--cache-dir DIR]
+        [--lengths 512,2k,8k] [--quant int4] [--threads 2] [--json out.json]
+
+--model takes what `msa ask --model` takes (a name, a folder, a GGUF file); --quant stored
+keeps a quantized file's own formats (a GGUF Q4_K_M's int4 and int8 tensors).
 """
 
 from __future__ import annotations
@@ -45,14 +48,17 @@ def main() -> None:
     parser.add_argument(
         "--lengths", default="512,2k,8k", help="context lengths, comma-separated; k suffix"
     )
-    parser.add_argument("--quant", default="int4", help="int4, int8 or fp32")
+    parser.add_argument("--model", default="smollm2-135m", help="as msa ask --model takes it")
+    parser.add_argument("--cache-dir", default=None, help="as msa ask --cache-dir takes it")
+    parser.add_argument("--quant", default="int4", help="int4, int8, fp32 or stored")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded, _ = load("smollm2-135m", quant="none" if args.quant == "fp32" else args.quant)
+    quant = {"fp32": "none", "stored": None}.get(args.quant, args.quant)
+    loaded, _ = load(args.model, cache=args.cache_dir, quant=quant)
     model = loaded.model
     if model.prepare_decode() is not None:
         raise SystemExit(f"no fused step: {model.per_op_reason}")

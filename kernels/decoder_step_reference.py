@@ -14,14 +14,25 @@ from .selection import select_blocks
 
 
 def linear_reference(spec, x: torch.Tensor) -> torch.Tensor:
-    """y = W x for one linear spec, x fp32 [K] -> fp32 [N], as PyTorch's kernels compute it."""
-    kind, a, b, group = spec
+    """y = W x (+ bias) for one linear spec, x fp32 [K] -> fp32 [N], as PyTorch's kernels
+    compute it; the bias, where the spec has a non-empty one, is added in fp32."""
+    kind, a, b, group = spec[:4]
     if kind == FP32:
-        return a @ x
-    xb = x.to(torch.bfloat16)[None]
-    if kind == INT8:
-        return torch.ops.aten._weight_int8pack_mm(xb, a, b)[0].float()
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, a, group, b)[0].float()
+        y = a @ x
+    elif kind == INT8:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16)[None], a, b)[0].float()
+    else:
+        xb = x.to(torch.bfloat16)[None]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, a, group, b)[0].float()
+    bias = spec[4] if len(spec) > 4 else None
+    return y if bias is None or bias.numel() == 0 else y + bias
+
+
+def group_reference(layer: dict, fused: str, parts: tuple[str, ...], x: torch.Tensor):
+    """The layer's `fused` linear of x, or its `parts` (each its own spec) side by side."""
+    if fused in layer:
+        return linear_reference(layer[fused], x)
+    return torch.cat([linear_reference(layer[p], x) for p in parts])
 
 
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -32,6 +43,17 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     )
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def head_norms(qkv: torch.Tensor, spec: dict, n_heads: int, d: int, eps: float) -> torch.Tensor:
+    """qkv with each head of q and of k RMS-normalized over D where the layer has `q_norm` and
+    `k_norm` (Qwen3: one weight for every q head, one for every k head)."""
+    if "q_norm" not in spec:
+        return qkv
+    n_q, n_k = n_heads * d, (qkv.shape[0] - n_heads * d) // 2
+    q = F.rms_norm(qkv[:n_q].view(-1, d), (d,), spec["q_norm"], eps).reshape(-1)
+    k = F.rms_norm(qkv[n_q : n_q + n_k].view(-1, d), (d,), spec["k_norm"], eps).reshape(-1)
+    return torch.cat([q, k, qkv[n_q + n_k :]])
 
 
 def decoder_step_reference(
@@ -53,14 +75,15 @@ def decoder_step_reference(
     """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified).
 
     `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
-    specs `qkv` (q, then k, then v rows), `o`, `gate_up` (gate rows, then up rows) and `down`.
+    specs `qkv` (q, then k, then v rows) or `q`, `k`, `v`; `o`; `gate_up` (gate rows, then up
+    rows) or `gate`, `up`; and `down`; optionally `q_norm`, `k_norm` (fp32 [D]).
     An MSA step (pos >= settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
     x = x.clone()
     d = cos.shape[0]
     shared = None
     for layer, (spec, k_store, v_store) in enumerate(zip(layers, keys, values)):
         h = F.rms_norm(x, x.shape, spec["norm_in"], eps)
-        qkv = linear_reference(spec["qkv"], h)
+        qkv = head_norms(group_reference(spec, "qkv", ("q", "k", "v"), h), spec, n_heads, d, eps)
         q0 = qkv[: n_heads * d].view(n_heads, d)
         qk = qkv[: (n_heads + n_kv_heads) * d].view(-1, d)
         qk = qk * cos + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin
@@ -97,7 +120,7 @@ def decoder_step_reference(
         )  # [Hq, D]
         x = x + linear_reference(spec["o"], attn.reshape(-1))
         h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
-        gate, up = linear_reference(spec["gate_up"], h).chunk(2)
+        gate, up = group_reference(spec, "gate_up", ("gate", "up"), h).chunk(2)
         x = x + linear_reference(spec["down"], F.silu(gate) * up)
     return x
 

@@ -8,7 +8,8 @@ rounding; int8/int4 activations round to bf16 as the per-op path does.
 `Transformer.prepare_decode` builds it once per model (the extension on first use in the
 process) from the layers' specs (`layer_spec`, which the model family gives for the layers it
 knows the step computes); `Transformer.forward` runs a one-token forward with it when the cache
-fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (q/k norms, MoE,
+fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (norms across
+heads, MoE,
 partial RoPE, bf16 compute, int8 K/V, sources) runs per op.
 """
 
@@ -30,23 +31,25 @@ NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-
 
 
 def linear_spec(linear: nn.Module):
-    """A linear module as the kernel's `(kind, a, b, group)`, or None if it has no such form
-    (the kernel adds no biases)."""
-    if getattr(linear, "bias", None) is not None:
-        return None
+    """A linear module as the kernel's `(kind, a, b, group, bias)` (bias fp32 [N], or empty:
+    none), or None if it has no such form."""
+    bias = getattr(linear, "bias", None)
+    bias = torch.empty(0) if bias is None else bias.detach().float().contiguous()
     if isinstance(linear, Int4Linear):
-        return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size)
+        return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size, bias)
     if isinstance(linear, Int8Linear):
-        return (kernel.INT8, linear.weight, linear.scales.to(torch.bfloat16), 0)
+        return (kernel.INT8, linear.weight, linear.scales.to(torch.bfloat16), 0, bias)
     if type(linear) is nn.Linear and linear.weight.dtype == torch.float32:
-        return (kernel.FP32, linear.weight.detach().contiguous(), torch.empty(0), 0)
+        return (kernel.FP32, linear.weight.detach().contiguous(), torch.empty(0), 0, bias)
     return None
 
 
-def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None:
-    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears "qkv", "o",
-    "gate_up", "down" on the CPU; None if any of them has no such form."""
-    norms = (norm_in, norm_post)
+def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module], head_norms=()) -> dict | None:
+    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears on the CPU,
+    "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"), "down"; `head_norms`, where it
+    has them: the RMSNorms (q, k) over each head before RoPE (Qwen3). None if any of them has
+    no such form."""
+    norms = (norm_in, norm_post, *head_norms)
     if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
         return None
     spec = {name: linear_spec(m) for name, m in linears.items()}
@@ -54,6 +57,8 @@ def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module]) -> dict | None
         return None
     spec["norm_in"] = norm_in.weight.detach().contiguous()
     spec["norm_post"] = norm_post.weight.detach().contiguous()
+    for name, norm in zip(("q_norm", "k_norm"), head_norms):
+        spec[name] = norm.weight.detach().contiguous()
     return spec
 
 

@@ -23,6 +23,9 @@ from .rope_scaling import rotary_embedding
 
 class Attention(nn.Module):
     fusable_projections = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}  # see fuse.py
+    # the RMSNorms (q, k) a family's qk_norm applies to each head over D, one weight for every
+    # head, and nothing else (Qwen3): the fused decode step computes those
+    head_norms: tuple[str, ...] = ()
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -111,15 +114,47 @@ class Block(nn.Module):
 
     def fused_spec(self) -> dict | None:
         """This layer as the fused decode step computes it (fused_decode.layer_spec), or None:
-        only Llama's own plain layers with fused projections and no biases have that form."""
+        Llama's own layers have that form, biases or not, and so do the families' layers that
+        change nothing but which projections have biases (Qwen2) or add `head_norms` (Qwen3).
+        Projections left unfused (parts in different formats, as in a GGUF Q4_K_M file) go to
+        the step as their parts."""
         attn, mlp = self.self_attn, self.mlp
-        if type(self) is not Block or type(attn) is not Attention or type(mlp) is not MLP:
+        head_norms = [getattr(attn, name) for name in attn.head_norms]
+        changes = {"biases"} | ({"__init__", "qk_norm", "head_norms"} if head_norms else set())
+        if not (
+            _changes_only(type(self), Block, {"attention_class", "mlp_class"})
+            and _changes_only(type(attn), Attention, changes)
+            and _changes_only(type(mlp), MLP, set())
+        ):
             return None
-        if attn.fused_sizes is None or mlp.fused_sizes is None:
-            return None
-        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj}
-        linears |= {"gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
-        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears)
+        if attn.fused_sizes is None:
+            linears = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}
+        else:
+            linears = {"qkv": attn.qkv_proj}
+        if mlp.fused_sizes is None:
+            linears |= {"gate": mlp.gate_proj, "up": mlp.up_proj}
+        else:
+            linears |= {"gate_up": mlp.gate_up_proj}
+        linears |= {"o": attn.o_proj, "down": mlp.down_proj}
+        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears, head_norms)
+
+
+# what a class body holds besides what it defines
+_CLASS_METADATA = {
+    "__module__",
+    "__qualname__",
+    "__doc__",
+    "__firstlineno__",
+    "__static_attributes__",
+}
+
+
+def _changes_only(cls: type, base: type, names: set[str]) -> bool:
+    """Whether `cls` is `base` or a subclass of it that defines nothing but `names`."""
+    if not issubclass(cls, base):
+        return False
+    between = cls.__mro__[: cls.__mro__.index(base)]
+    return all(set(vars(k)) <= _CLASS_METADATA | names for k in between)
 
 
 class Transformer(nn.Module):

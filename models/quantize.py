@@ -162,10 +162,12 @@ def quantize_weights(
     model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SIZE
 ) -> dict[str, torch.Tensor]:
     """Step 1: the quantized tensors of every planned Linear, by module name (int4 ones have
-    `mins`)."""
+    `mins`), and their biases (Int4Linear takes its bias with its weights)."""
     state = {}
     for name, kind in quantization_plan(model, mode, group_size).items():
         linear = model.get_submodule(name)
+        if linear.bias is not None:
+            state[f"{name}.bias"] = linear.bias.detach()
         if kind == "int8":
             state[f"{name}.weight"], state[f"{name}.scales"] = quantize_int8(linear.weight)
         else:

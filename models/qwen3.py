@@ -8,6 +8,8 @@ from .llama import Attention, Block, Transformer
 
 
 class Qwen3Attention(Attention):
+    head_norms = ("q_norm", "k_norm")  # what qk_norm does, for the fused decode step
+
     def __init__(self, config: Qwen3Config):
         super().__init__(config)
         self.q_norm = RMSNorm(

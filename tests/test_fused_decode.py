@@ -143,9 +143,6 @@ def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
 
 
 def test_layers_it_does_not_describe_have_no_fused_step():
-    unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
-    assert unfused.prepare_decode() is not None  # separate q, k, v projections
-    assert unfused.fused_decode is None
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
     fuse_projections(partial)
     assert partial.prepare_decode() is not None  # RoPE on part of the head
@@ -160,8 +157,8 @@ def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
     # built: nothing more to say
     assert model.prepare_decode(on_build=lambda: told.append("again")) is None
     assert told == ["building"]
-    unfused = tiny_model(num_attention_heads=4, num_key_value_heads=2)
-    reason = unfused.prepare_decode(on_build=lambda: told.append("no"))
+    partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
+    reason = partial.prepare_decode(on_build=lambda: told.append("no"))
     assert "not the plain Llama layers" in reason
     assert told == ["building"]
 

@@ -1,7 +1,8 @@
 """The fused CPU decode step (C++) against its plain PyTorch definition, on tiny random layers:
 fp32, int8 and int4 weights, GQA ratios 1 and 3, dense and MSA attention (selection per layer
 or shared from a selection layer, far blocks at true or bounded distances), and blocks that
-are not in the cache yet."""
+are not in the cache yet; biases, and q/k/v and gate/up as separate products in different
+formats; Qwen3's per-head q/k norms."""
 
 from __future__ import annotations
 
@@ -91,8 +92,9 @@ def run_both(
     absent=None,
     load_blocks=None,
     fused_stores=None,
+    layers=None,
 ):
-    layers = make_layers(kind, n_heads, n_kv_heads)
+    layers = layers or make_layers(kind, n_heads, n_kv_heads)
     keys, values = stores(n_kv_heads)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
     x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
@@ -224,3 +226,63 @@ def test_absent_blocks_without_a_loader_raise(extension):
     absent = torch.ones(N_LAYERS, CAP // 8, dtype=torch.bool)
     with pytest.raises(ValueError, match="not in the cache"):
         run_both(extension, ds.FP32, 6, 2, 140, settings, summaries(2, 8), absent=absent)
+
+
+def with_parts_and_biases(layers, n_heads: int, n_kv_heads: int, split: bool, seed: int = 4):
+    """`layers` with an fp32 bias on every linear; with `split`, q, k, v and gate, up as their
+    own products, v and up re-made in int8 (a GGUF Q4_K_M file mixes formats this way)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for layer in layers:
+        layer = dict(layer)
+        if split:
+            q, kv = n_heads * HEAD_DIM, n_kv_heads * HEAD_DIM
+            kind = layer.pop("qkv")[0]
+            layer |= dict(q=linear(kind, q, HIDDEN, gen), k=linear(kind, kv, HIDDEN, gen))
+            layer |= dict(v=linear(ds.INT8, kv, HIDDEN, gen))
+            layer |= dict(gate=linear(layer.pop("gate_up")[0], INTER, HIDDEN, gen))
+            layer |= dict(up=linear(ds.INT8, INTER, HIDDEN, gen))
+        for name in ("qkv", "q", "k", "v", "o", "gate_up", "gate", "up", "down"):
+            if name in layer:
+                kind, a, b, group = layer[name]
+                n = b.shape[1] if kind == ds.INT4 else a.shape[0]
+                layer[name] = (kind, a, b, group, torch.randn(n, generator=gen))
+        out.append(layer)
+    return out
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT8, ds.INT4])
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "parts"])
+@pytest.mark.parametrize("settings", [ds.StepSettings(), MSA_CASES[1]], ids=["dense", "msa"])
+def test_biases_and_separate_parts_match_reference(extension, kind, split, settings):
+    layers = with_parts_and_biases(make_layers(kind, 6, 2), 6, 2, split)
+    sums = summaries(2, settings.block_size)
+    actual, expected, (fk, fv), (keys, values) = run_both(
+        extension, kind, 6, 2, 103, settings, sums, layers=layers
+    )
+    assert_close(actual, expected, **TOL, what="hidden state with biases")
+    assert_close(fk[-1], keys[-1], **TOL, what="keys of the last layer")
+    assert_close(fv[-1], values[-1], **TOL, what="values of the last layer")
+    unbiased = [{n: v[:4] if isinstance(v, tuple) else v for n, v in lr.items()} for lr in layers]
+    without, *_ = run_both(extension, kind, 6, 2, 103, settings, sums, layers=unbiased)
+    assert (actual - without).abs().max() > 0.1, "the biases changed nothing"
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
+@pytest.mark.parametrize("settings", [ds.StepSettings(), MSA_CASES[1]], ids=["dense", "msa"])
+def test_head_norms_match_reference(extension, kind, settings):
+    """Qwen3's RMSNorm of each q and k head over D before RoPE (one weight per side)."""
+    gen = torch.Generator().manual_seed(5)
+    plain = make_layers(kind, 6, 2)
+    norms = [dict(q_norm=torch.rand(HEAD_DIM, generator=gen) + 0.5) for _ in plain]
+    for n in norms:
+        n["k_norm"] = torch.rand(HEAD_DIM, generator=gen) + 0.5
+    layers = [layer | n for layer, n in zip(plain, norms)]
+    sums = summaries(2, settings.block_size)
+    actual, expected, (fk, _), (keys, _) = run_both(
+        extension, kind, 6, 2, 103, settings, sums, layers=layers
+    )
+    assert_close(actual, expected, **TOL, what="hidden state with q/k norms")
+    assert_close(fk[-1], keys[-1], **TOL, what="keys of the last layer")
+    without, *_ = run_both(extension, kind, 6, 2, 103, settings, sums, layers=plain)
+    assert (actual - without).abs().max() > 0.1, "the norms changed nothing"

@@ -1,5 +1,5 @@
 // One decode step (one new token) through a stack of pre-norm GQA decoder layers, on the CPU,
-// in one call: RMSNorm -> fused QKV -> rotate-half RoPE -> append K/V -> attention (dense, or
+// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm) -> rotate-half RoPE -> append K/V -> attention (dense, or
 // MSA: block selection over the cache's summaries, then the selected blocks) -> O -> residual
 // -> RMSNorm -> fused gate/up -> SiLU-GLU -> down -> residual, layer after layer.
 //
@@ -24,34 +24,58 @@ namespace {
 
 enum Kind : int64_t { FP32 = 0, INT8 = 1, INT4 = 2 };
 
-// A linear map y = W x in one of three weight formats (see quantize.py for the int formats).
+// A linear map y = W x (+ bias) in one of three weight formats (see quantize.py for the int
+// formats).
 struct Linear {
   int64_t kind = FP32;
   at::Tensor a;       // fp32 weight [N, K] | int8 weight [N, K] | int4 packed weight
   at::Tensor b;       // -                  | bf16 scales [N]    | bf16 scales_zeros [K/g, N, 2]
   int64_t group = 0;  // int4 group size
+  at::Tensor bias;    // fp32 [N], or undefined: none (Qwen2's q/k/v, Llama's attention_bias)
   int64_t in = 0, out = 0;
 
-  // y[0..out) = W x[0..in); the int kernels take bf16 activations and give bf16 back.
+  // y[0..out) = W x[0..in) (+ bias, in fp32 as the per-op modules add it); the int kernels
+  // take bf16 activations and give bf16 back.
   void apply(const float* x, float* y) const {
     if (kind == FP32) {
       at::Tensor xt = at::from_blob(const_cast<float*>(x), {in}, at::kFloat);
       at::Tensor yt = at::from_blob(y, {out}, at::kFloat);
       at::mv_out(yt, a, xt);
-      return;
+    } else {
+      at::Tensor xb = at::empty({1, in}, at::kBFloat16);
+      auto* xp = xb.data_ptr<at::BFloat16>();
+      for (int64_t i = 0; i < in; ++i) xp[i] = at::BFloat16(x[i]);
+      at::Tensor yb =
+          kind == INT8 ? at::_weight_int8pack_mm(xb, a, b) : at::_weight_int4pack_mm_for_cpu(xb, a, group, b);
+      const auto* yp = yb.data_ptr<at::BFloat16>();
+      for (int64_t i = 0; i < out; ++i) y[i] = static_cast<float>(yp[i]);
     }
-    at::Tensor xb = at::empty({1, in}, at::kBFloat16);
-    auto* xp = xb.data_ptr<at::BFloat16>();
-    for (int64_t i = 0; i < in; ++i) xp[i] = at::BFloat16(x[i]);
-    at::Tensor yb = kind == INT8 ? at::_weight_int8pack_mm(xb, a, b) : at::_weight_int4pack_mm_for_cpu(xb, a, group, b);
-    const auto* yp = yb.data_ptr<at::BFloat16>();
-    for (int64_t i = 0; i < out; ++i) y[i] = static_cast<float>(yp[i]);
+    if (bias.defined()) {
+      const float* bp = bias.data_ptr<float>();
+      for (int64_t i = 0; i < out; ++i) y[i] += bp[i];
+    }
+  }
+};
+
+// Products that read the same input and write side by side: one fused linear (q, k, v rows in
+// one matrix), or its parts each with its own format (a GGUF Q4_K_M file keeps q and k in one
+// type, v in another: no single matrix holds them).
+struct LinearGroup {
+  std::vector<Linear> parts;
+
+  void apply(const float* x, float* y) const {
+    for (const Linear& part : parts) {
+      part.apply(x, y);
+      y += part.out;
+    }
   }
 };
 
 struct Layer {
   at::Tensor norm_in, norm_post;  // fp32 [hidden]
-  Linear qkv, o, gate_up, down;
+  at::Tensor q_norm, k_norm;      // fp32 [D], one for every head, or undefined: none (Qwen3's)
+  LinearGroup qkv, gate_up;
+  Linear o, down;
 };
 
 // How the cache's attention reads it (AttentionSettings, resolved for this cache).
@@ -328,6 +352,8 @@ std::vector<Segment> dense_segments(int64_t n, int64_t piece) {
   return segs;
 }
 
+// A linear spec (kind, a, b, group[, bias]) of `in` inputs and `out` outputs; an empty bias is
+// none.
 Linear make_linear(const py::tuple& spec, int64_t in, int64_t out) {
   Linear l;
   l.kind = spec[0].cast<int64_t>();
@@ -336,7 +362,28 @@ Linear make_linear(const py::tuple& spec, int64_t in, int64_t out) {
   l.group = spec[3].cast<int64_t>();
   l.in = in;
   l.out = out;
+  if (spec.size() > 4) {
+    at::Tensor bias = spec[4].cast<at::Tensor>();
+    if (bias.numel() > 0) {
+      TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.numel() == out, "a bias must be fp32 [out]");
+      l.bias = bias.contiguous();
+    }
+  }
   return l;
+}
+
+// The layer's `fused` linear, or its parts `names` of `sizes` outputs each when it has them.
+LinearGroup make_group(const py::dict& spec, const char* fused, const std::vector<const char*>& names,
+                       const std::vector<int64_t>& sizes, int64_t in) {
+  LinearGroup group;
+  if (spec.contains(fused)) {
+    const int64_t out = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+    group.parts.push_back(make_linear(spec[fused].cast<py::tuple>(), in, out));
+    return group;
+  }
+  for (size_t i = 0; i < names.size(); ++i)
+    group.parts.push_back(make_linear(spec[names[i]].cast<py::tuple>(), in, sizes[i]));
+  return group;
 }
 
 class DecoderStack {
@@ -346,14 +393,19 @@ class DecoderStack {
       : hidden_(hidden), inter_(intermediate), n_heads_(n_heads), n_kv_heads_(n_kv_heads), d_(head_dim),
         eps_(static_cast<float>(eps)), inv_freq_(inv_freq.to(at::kDouble).contiguous()) {
     TORCH_CHECK(inv_freq_.numel() == head_dim / 2, "inv_freq must be [head_dim / 2]");
-    const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
+    const int64_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
     for (const auto& spec : layers) {
       Layer l;
       l.norm_in = spec["norm_in"].cast<at::Tensor>().contiguous();
       l.norm_post = spec["norm_post"].cast<at::Tensor>().contiguous();
-      l.qkv = make_linear(spec["qkv"].cast<py::tuple>(), hidden, qkv);
+      if (spec.contains("q_norm")) {
+        l.q_norm = spec["q_norm"].cast<at::Tensor>().contiguous();
+        l.k_norm = spec["k_norm"].cast<at::Tensor>().contiguous();
+        TORCH_CHECK(l.q_norm.numel() == head_dim && l.k_norm.numel() == head_dim, "q/k norms must be [D]");
+      }
+      l.qkv = make_group(spec, "qkv", {"q", "k", "v"}, {q, kv, kv}, hidden);
       l.o = make_linear(spec["o"].cast<py::tuple>(), n_heads * head_dim, hidden);
-      l.gate_up = make_linear(spec["gate_up"].cast<py::tuple>(), hidden, 2 * intermediate);
+      l.gate_up = make_group(spec, "gate_up", {"gate", "up"}, {intermediate, intermediate}, hidden);
       l.down = make_linear(spec["down"].cast<py::tuple>(), intermediate, hidden);
       layers_.push_back(std::move(l));
     }
@@ -410,6 +462,11 @@ class DecoderStack {
       float* q = qkv.data();
       float* k = q + n_heads_ * d_;
       float* v = k + n_kv_heads_ * d_;
+      if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
+        for (int64_t hd = 0; hd < n_heads_; ++hd) rms_norm(q + hd * d_, l.q_norm.data_ptr<float>(), q + hd * d_, d_, eps_);
+        for (int64_t hd = 0; hd < n_kv_heads_; ++hd)
+          rms_norm(k + hd * d_, l.k_norm.data_ptr<float>(), k + hd * d_, d_, eps_);
+      }
       std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
       rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
       float* kst = ks.data_ptr<float>();
