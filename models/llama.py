@@ -119,6 +119,8 @@ class Block(nn.Module):
         Projections left unfused (parts in different formats, as in a GGUF Q4_K_M file) go to
         the step as their parts."""
         attn, mlp = self.self_attn, self.mlp
+        if not isinstance(attn, Attention):  # (MiniMax-M3's attention is its own module)
+            return None
         head_norms = [getattr(attn, name) for name in attn.head_norms]
         changes = {"biases"} | ({"__init__", "qk_norm", "head_norms"} if head_norms else set())
         if not (
