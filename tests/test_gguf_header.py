@@ -6,7 +6,6 @@ files, with the time and peak memory of both readers; broken files give one line
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llamacpp_reference import REAL_GGUF_DIR
 from tiny_checkpoints import gguf_blocks, random_llama_weights, write_tiny_gguf
 
 from msa.models import ModelConfig, ModelError
@@ -23,7 +23,7 @@ from msa.models.gguf_header import read_header, read_tensor
 gguf = pytest.importorskip("gguf")
 
 # read at import: the per-test home clears MSA_* variables
-REAL_DIR = os.environ.get("MSA_REAL_GGUF_DIR")
+REAL_DIR = REAL_GGUF_DIR
 REAL_FILES = ["gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
 TENSOR_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
 

@@ -5,7 +5,6 @@ MSA_REAL_GGUF_DIR names a folder holding the files."""
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import llamacpp_reference
@@ -15,7 +14,7 @@ from msa.models.gguf_header import read_header
 from msa.models.gguf_loader import _tokenizer_from_metadata
 
 # read at import: the per-test home clears MSA_* variables
-REAL_DIR = os.environ.get("MSA_REAL_GGUF_DIR")  # as llamacpp_reference.REAL_GGUF_DIR
+REAL_DIR = llamacpp_reference.REAL_GGUF_DIR
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 

@@ -6,12 +6,12 @@ from the cache; MSA over every block of the global layers equals dense."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_close
+from llamacpp_reference import REAL_GGUF_DIR
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.gemma import Gemma3
@@ -24,7 +24,7 @@ N_PROMPT, N_PREFILL, CHUNK = 700, 640, 256
 
 @pytest.fixture(scope="module")
 def real_gemma3(tmp_path_factory):
-    folder = Path(os.environ.get("MSA_REAL_GGUF_DIR", "/nonexistent"))
+    folder = REAL_GGUF_DIR or Path("/nonexistent")
     if not (folder / GGUF).is_file():
         pytest.skip(f"{GGUF} not in MSA_REAL_GGUF_DIR")
     transformers = pytest.importorskip("transformers")

@@ -5,17 +5,17 @@ their weights load with no tensor refused, within the memory bound. Run where th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from llamacpp_reference import REAL_GGUF_DIR
 
 pytestmark = pytest.mark.realmodel
 
 FILES = ["gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
-FOLDER = os.environ.get("MSA_REAL_GGUF_DIR")
+FOLDER = REAL_GGUF_DIR
 
 # In a fresh process, so that its peak RSS is the load's: the config and every tensor, as
 # `msa` loads them by default (as stored), through the converted copy (tokenizer, index).
