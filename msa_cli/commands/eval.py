@@ -95,6 +95,25 @@ ResultsOption = typer.Option(
     help="Append each scored item to this JSON-lines file; a rerun with it skips those items.",
 )
 JsonOption = typer.Option(False, "--json", help="Print one JSON object: summary and every item.")
+EngineOption = typer.Option(
+    "msa",
+    "--engine",
+    help="Engines, comma-separated: msa, llama.cpp (llama-cpp-python's full attention on the "
+    "same GGUF, a column of its own).",
+)
+
+
+def _engines(spec: str) -> set[str]:
+    from ..engine.evals.llamacpp import LABEL, check_available
+
+    names = {e.strip() for e in spec.split(",") if e.strip()}
+    if not names or names - {"msa", LABEL}:
+        raise typer.BadParameter(
+            f"engines are msa and {LABEL}, not {spec!r}", param_hint="--engine"
+        )
+    if LABEL in names:
+        check_available()
+    return names
 
 
 def _modes(attention: str, topk: int) -> list:
@@ -137,10 +156,12 @@ def eval_ruler(
     topk: int = TopkOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    engine_names: str = EngineOption,
     json_out: bool = JsonOption,
     cache_dir: str | None = CacheDirOption,
 ):
-    """RULER's synthetic long-context tasks, attention modes side by side."""
+    """RULER's synthetic long-context tasks, attention modes (and engines) side by side."""
+    from ..engine.evals import llamacpp
     from ..engine.evals.haystack import read_prose, shipped_prose
     from ..engine.evals.results import ResultsFile, summarize
     from ..engine.evals.ruler import ruler_score, ruler_units
@@ -154,23 +175,23 @@ def eval_ruler(
     if plot:
         report.check_plot()
     chosen, sizes, modes = parse_tasks(tasks), parse_lengths(lengths), _modes(attention, topk)
+    engines = _engines(engine_names)
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
     engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
     limit = dense_limit or engine.loaded.config.max_position_embeddings
+    modes = llamacpp.with_llamacpp(engine, modes, engines, threads=threads)
     units = ruler_units(engine.loaded.tokenizer, chosen, sizes, samples, seed, prose)
+
+    def skip(unit, mode):
+        if mode.label == llamacpp.LABEL:
+            return llamacpp.skip_reason(engine, unit.fields["length"], limit)
+        if mode.attention.mode == "dense":
+            return dense_skip(engine, unit.fields["length"], limit)
+        return None
+
     records, totals = run_sweep(
-        engine,
-        units,
-        modes,
-        store,
-        ruler_score,
-        skip=lambda unit, mode: (
-            dense_skip(engine, unit.fields["length"], limit)
-            if mode.attention.mode == "dense"
-            else None
-        ),
-        on_result=report.progress_line,
+        engine, units, modes, store, ruler_score, skip=skip, on_result=report.progress_line
     )
     labels = [m.label for m in modes]
     rows = summarize(records, labels)
@@ -195,10 +216,12 @@ def eval_file(
     topk: int = TopkOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    engine_names: str = EngineOption,
     json_out: bool = JsonOption,
     cache_dir: str | None = CacheDirOption,
 ):
-    """Your own questions: exact match, contains and token F1, by attention mode."""
+    """Your own questions: exact match, contains and token F1, by attention mode and engine."""
+    from ..engine.evals.llamacpp import with_llamacpp
     from ..engine.evals.results import ResultsFile, summarize
     from ..engine.evals.runner import run_sweep
     from ..engine.evals.user_set import file_score, read_set
@@ -208,7 +231,9 @@ def eval_file(
 
     check_precision(quant)
     modes, units, store = _modes(attention, topk), read_set(path), ResultsFile(results)
+    engines = _engines(engine_names)
     engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
+    modes = with_llamacpp(engine, modes, engines, threads=threads)
     records, totals = run_sweep(
         engine, units, modes, store, file_score, on_result=report.progress_line
     )

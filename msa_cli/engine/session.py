@@ -74,13 +74,21 @@ class Session:
 
     def ask(self, question: str, *, max_tokens: int | None = None) -> Iterator[Event]:
         """Answer `question` about the documents (and the turns before it)."""
-        tok, system = self.loaded.tokenizer, self.settings.system
         if self.answers:
-            tail, question_at = next_turn(tok, question, system=system)
+            tail, question_at = next_turn(
+                self.loaded.tokenizer, question, system=self.settings.system
+            )
         else:
-            first = build_prompt(tok, "", question, system=system)
+            first = self._first_question(question)
             tail, question_at = first.tail, first.question_at
         return self._answer(tail, question_at, max_tokens or self.settings.max_tokens)
+
+    def prompt_ids(self, question: str) -> list[int]:
+        """The tokens a first question is answered after: the documents, then `question`."""
+        return self.prompt.ids[: self.context_length] + self._first_question(question).tail
+
+    def _first_question(self, question: str) -> Prompt:
+        return build_prompt(self.loaded.tokenizer, "", question, system=self.settings.system)
 
     def reply(self, *, max_tokens: int | None = None) -> Iterator[Event]:
         """Answer the prompt given to the session (a request's messages)."""

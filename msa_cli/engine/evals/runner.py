@@ -24,8 +24,10 @@ from .results import ResultsFile, item_id
 
 @dataclass(frozen=True)
 class Mode:
-    label: str  # as the user wrote it: dense, msa, auto
+    label: str  # as the user wrote it: dense, msa, auto; or llama.cpp
     attention: AttentionSettings
+    # answers an item in this mode (`ask`'s signature); None: the sweep's `answer`
+    answer: Callable | None = None
 
 
 @dataclass
@@ -77,7 +79,7 @@ def eval_cache(model) -> CacheOptions:
 
 
 def ask(model, item: Prepared, mode: Mode) -> Answer:
-    """The item's question about its document, in a fresh session, answered greedily."""
+    """The item's question about its document, in a fresh msa session, answered greedily."""
     settings = model.settings(attention=mode.attention, prefix_cache=False)
     settings = dataclasses.replace(settings, prefix_cache=eval_cache(model))
     if item.path is not None:
@@ -145,7 +147,7 @@ def run_sweep(
                 totals.resumed += 1
                 continue
             item = item or unit.build()
-            got = answer(model, item, mode)
+            got = (mode.answer or answer)(model, item, mode)
             record = {
                 "id": rid,
                 **unit.fields,
