@@ -19,8 +19,8 @@ import json
 import torch
 
 import msa.kernels as K
-from msa import runtime
 from msa.engine.generate import prefill
+from msa.engine.loading import load
 from msa.engine.passkey import QUESTION, depths, passkey_document
 from msa.engine.prompt import build_prompt
 from msa.models.attention_settings import AttentionSettings
@@ -109,7 +109,7 @@ def main():
     parser.add_argument("--topk", type=int, default=4)
     parser.add_argument("--json", help="write the per-layer figures here")
     args = parser.parse_args()
-    loaded, _ = runtime.load("smollm2-135m")
+    loaded, _ = load("smollm2-135m")
     result = measure(loaded, args.length, args.depths, args.topk)
     print(
         f"length {args.length}, top-k {args.topk}, {args.depths} depths: "

@@ -11,19 +11,34 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .attention_settings import AttentionSettings
+from .attention_settings import MODEL, AttentionSettings
+from .msa_defaults import MsaDefaults, rule
 
 
-def resolve_settings(settings: AttentionSettings | None, config) -> AttentionSettings:
-    """`settings` (None: the defaults) with the model's own block size and, for `bounded_from`
-    None, its trained context filled in: what a cache for that model records."""
-    settings = settings or AttentionSettings()
+def resolve_settings(
+    settings: AttentionSettings | None, config, defaults: MsaDefaults | None = None
+) -> AttentionSettings:
+    """`settings` (None: the defaults) with the model's own block size, its `defaults` (None: the
+    rule for its depth) where the settings leave top-k and the selection layer to the model, and,
+    for `bounded_from` None, its trained context filled in: what a cache for that model records."""
+    settings = with_defaults(settings or AttentionSettings(), defaults or rule(config))
     return dataclasses.replace(
         settings,
         block_size=settings.block_size or config.kv_block_size,
         bounded_from=config.max_position_embeddings
         if settings.bounded_from is None
         else settings.bounded_from,
+    )
+
+
+def with_defaults(settings: AttentionSettings, defaults: MsaDefaults) -> AttentionSettings:
+    """`settings` with `defaults` where they leave top-k or the selection layer to the model."""
+    return dataclasses.replace(
+        settings,
+        topk=defaults.topk if settings.topk is None else settings.topk,
+        selection_layer=defaults.selection_layer
+        if settings.selection_layer == MODEL
+        else settings.selection_layer,
     )
 
 
@@ -60,6 +75,8 @@ class AttentionPlan:
     def of(
         cls, settings: AttentionSettings, block_size: int, model: ModelAttention | None = None
     ) -> AttentionPlan:
+        if settings.topk is None or settings.selection_layer == MODEL:
+            raise ValueError("settings that leave choices to the model: resolve_settings first")
         model = model or ModelAttention()
         bounded = settings.bounded_from
         dense_reason = always_dense_reason(model)

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 
 MODES = ("auto", "dense", "msa")
+MODEL = "model"  # selection_layer: the model's own choice (msa_defaults.py)
 KV_DTYPES = ("auto", "int8")
 
 
@@ -35,6 +36,10 @@ class AttentionSettings:
     where each layer's own selection misses it. None: every layer selects its own. A document's
     tokens never share, so this setting is not in the cache identity.
 
+    `topk` None and `selection_layer` MODEL take the model's own choices (msa_defaults.py: a
+    calibration measured on the model, or a rule over its layers), filled in when a cache is
+    made (attention_plan.resolve_settings).
+
     `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
     row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
     stores in a quarter of the bytes.
@@ -42,12 +47,12 @@ class AttentionSettings:
 
     mode: str = "auto"
     block_size: int | None = None  # tokens per KV block (None: the model's own, 64 by default)
-    topk: int = 8
+    topk: int | None = None  # None: the model's (msa_defaults.py)
     local_blocks: int = 1
     sink_blocks: int = 1
     dense_tokens: int = 1024
     bounded_from: int | None = 0
-    selection_layer: int | None = 5
+    selection_layer: int | str | None = MODEL
     kv_dtype: str = "auto"
 
     def __post_init__(self):
@@ -59,9 +64,16 @@ class AttentionSettings:
             )
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block size must be at least 1")
-        if self.selection_layer is not None and self.selection_layer < 0:
-            raise ValueError("the selection layer must be a layer index (0 or more), or None")
-        if self.topk < 1 or self.local_blocks < 1 or self.sink_blocks < 0:
+        layer = self.selection_layer
+        if layer not in (None, MODEL) and not (isinstance(layer, int) and layer >= 0):
+            raise ValueError(
+                f"the selection layer must be a layer index (0 or more), None or {MODEL!r}"
+            )
+        if (
+            (self.topk is not None and self.topk < 1)
+            or self.local_blocks < 1
+            or self.sink_blocks < 0
+        ):
             raise ValueError("topk and local_blocks must be at least 1, sink_blocks at least 0")
 
     @property

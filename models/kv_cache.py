@@ -40,11 +40,12 @@ import torch
 
 from msa.kernels import block_summaries
 
-from .attention_plan import AttentionPlan, ModelAttention
+from .attention_plan import AttentionPlan, ModelAttention, with_defaults
 from .attention_settings import AttentionSettings
 from .kv_int8 import round_rows
 from .kv_restore import RestoredBlocks
 from .layers import RotaryEmbedding
+from .msa_defaults import rule_for_depth
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -78,7 +79,9 @@ class KVCache(RestoredBlocks):
         self.rope = rope
         self.block_size = block_size
         self.dtype = dtype
-        self.settings = settings or AttentionSettings()
+        # settings that leave choices to the model take the rule for a model this deep (a
+        # model's own cache comes resolved: Transformer.new_cache)
+        self.settings = with_defaults(settings or AttentionSettings(), rule_for_depth(n_layers))
         self.plan = AttentionPlan.of(self.settings, block_size, model_attention)
         self.storage_dir = storage_dir
         self.length = 0

@@ -17,6 +17,7 @@ from .fused_decode import FusedDecode, layer_spec
 from .head_refine import refine_top
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
+from .msa_defaults import MsaDefaults, rule
 from .quantize import Int4Linear, Int8Linear
 from .rope_scaling import rotary_embedding
 
@@ -181,13 +182,16 @@ class Transformer(nn.Module):
         # by prepare_decode, at the latest on the first one-token forward
         self.fused_decode: FusedDecode | None = None
         self.per_op_reason: str | None = None
+        # MSA's top-k and selection layer where settings leave them to the model: the rule for
+        # its depth, or the calibration its loader found (msa_defaults.py)
+        self.msa_defaults: MsaDefaults = rule(config)
         self._decode_prepared = False
 
     def new_cache(
         self, capacity: int = 0, settings: AttentionSettings | None = None, storage_dir=None
     ) -> KVCache:
         """An empty cache for this model (keys and values in files under `storage_dir` if given)."""
-        settings = resolve_settings(settings, self.config)
+        settings = resolve_settings(settings, self.config, self.msa_defaults)
         c = self.config
         return KVCache(
             c.num_hidden_layers,

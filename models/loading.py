@@ -16,6 +16,7 @@ from .fuse import fuse_projections, fuse_state
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
+from .msa_defaults import calibration_path, read_calibration
 from .prefill_copy import prefill_copies, prefill_copy_dtype
 from .quantize import (
     DEFAULT_GROUP_SIZE,
@@ -131,6 +132,7 @@ def load_model(
     quantized_root: Path | None = None,
     registered: dict[str, Path] | None = None,
     fuse: bool = True,
+    calibrations: Path | None = None,
 ) -> LoadedModel:
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
@@ -142,6 +144,8 @@ def load_model(
     `converted_root` is where GGUF files keep a converted copy (tokenizer, tensor index) for
     fast later loads. `registered`: models the user registered by path (local_models.py).
     `fuse` False keeps q/k/v and gate/up as separate modules (to inspect the weights by name).
+    `calibrations`: the folder of MSA calibrations (msa_defaults.py); the model takes the one
+    measured on these weights, if any.
     """
     dtype_name = _dtype_name(dtype)
     src, ckpt = load_checkpoint(
@@ -168,6 +172,9 @@ def load_model(
         quantization=quant,
         dtype=dtype_name,
     )
+    if calibrations is not None:
+        measured = read_calibration(calibration_path(calibrations, loaded.digest), model.config)
+        model.msa_defaults = measured or model.msa_defaults
     del ckpt
     _return_free_memory()
     return loaded

@@ -34,20 +34,15 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     plan). Returns [Hq, 1, D] in q's dtype."""
     cache, plan = ctx.cache, ctx.plan
     q_start, block_size = ctx.start, plan.block_size
-    n_tokens = q_start + 1
     hq, _, d = q.shape
     hkv = cache.n_kv_heads
     qf = q.view(hkv, hq // hkv, d).float() * d**-0.5  # [Hkv, G, D], scaled
 
-    def choose():  # by content: keys and the query rotated back to position 0 (msa.py)
-        summaries = cache.block_summaries(layer, n_tokens, by_content=True)  # [Hkv, n_full, 2, D]
-        q_scored = (
-            cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()
-        )  # scale: no matter to top-k
-        return _select(q_scored, summaries, n_tokens, plan, block_size)
-
     idx, n_far, n_chosen, _ = ctx.select_shared(
-        layer, (q_start, 1), choose, lambda chosen: _shared_by_heads(*chosen)
+        layer,
+        (q_start, 1),
+        lambda: _choose(q, cache, layer, q_start, plan),
+        lambda chosen: _shared_by_heads(*chosen),
     )  # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
@@ -67,6 +62,31 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
     out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
     return out.view(hq, 1, d).to(q.dtype)
+
+
+def ranked_blocks(q: torch.Tensor, cache, layer: int, q_start: int, plan) -> torch.Tensor | None:
+    """The far blocks each KV head picks in `layer` for the decode query q [Hq, 1, D] at
+    `q_start`, best first: [Hkv, plan.topk] (None: every candidate is taken)."""
+    return _choose(q, cache, layer, q_start, plan)[3]
+
+
+def heads_in_turn(ranked: torch.Tensor, k: int) -> list[int]:
+    """The `k` blocks one set for every head takes from the heads' ranked blocks [Hkv, >= k]:
+    every head's best, then every head's second best, ..., each block once."""
+    return list(dict.fromkeys(ranked[:, :k].T.reshape(-1).tolist()))[:k]
+
+
+def _choose(q, cache, layer, q_start, plan):
+    """`_select` for the decode query q at q_start, by content: keys and the query rotated back
+    to position 0 (msa.py)."""
+    n_tokens = q_start + 1
+    hq, _, d = q.shape
+    hkv = cache.n_kv_heads
+    summaries = cache.block_summaries(layer, n_tokens, by_content=True)  # [Hkv, n_full, 2, D]
+    q_scored = (
+        cache.score_frame(q, q_start).view(hkv, hq // hkv, d).float()
+    )  # scale: no matter to top-k
+    return _select(q_scored, summaries, n_tokens, plan, plan.block_size)
 
 
 def _select(qf, summaries, n_tokens, s, block_size):
@@ -138,9 +158,7 @@ def _shared_by_heads(idx, n_far, n_chosen, ranked):
     if ranked is None:  # every candidate taken: the heads agree
         return idx, n_far, n_chosen, None
     topk = ranked.shape[1]
-    taken = list(dict.fromkeys(ranked.T.reshape(-1).tolist()))[
-        :topk
-    ]  # rank-major, first occurrences
+    taken = heads_in_turn(ranked, topk)
     row = idx[0].clone()
     row[n_far - topk : n_far] = torch.tensor(sorted(taken), dtype=row.dtype, device=row.device)
     return row.expand(idx.shape[0], -1), n_far, n_chosen, None

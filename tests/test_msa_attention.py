@@ -138,7 +138,9 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     cos, sin = rope.cos_sin(torch.arange(n))
     keys = apply_rope(k_pre, cos, sin)  # the cache holds rotated keys
     q = apply_rope(q_pre, cos[q_start:], sin[q_start:])
-    settings = AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=1, bounded_from=64)
+    settings = AttentionSettings(
+        mode="msa", topk=3, local_blocks=2, sink_blocks=1, bounded_from=64, selection_layer=5
+    )
     from msa.kernels import block_summaries
 
     summaries = block_summaries(keys, block, "minmax")

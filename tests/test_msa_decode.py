@@ -17,7 +17,7 @@ from msa.models.forward import ForwardContext
 from msa.models.kv_cache import KVCache
 from msa.models.layers import RotaryEmbedding, apply_rope
 from msa.models.msa_decode import _select as decode_select
-from msa.models.msa_decode import decode_attend
+from msa.models.msa_decode import decode_attend, heads_in_turn, ranked_blocks
 
 
 def _cache(
@@ -306,3 +306,14 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
     assert not torch.equal(
         own[2], union[..., : own[2].shape[-1]]
     )  # layer 2 alone would choose otherwise
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ranked_blocks_taken_in_turn_are_what_a_shared_step_reads(k):
+    n = 300
+    cache, _, _, _ = _cache(n, hkv=2, n_layers=1, topk=8, bounded_from=0)
+    q = torch.randn(6, 1, 16)
+    ranked = ranked_blocks(q, cache, 0, n - 1, cache.plan)  # [Hkv, 8]
+    assert ranked.shape == (2, 8)
+    got = sorted(heads_in_turn(ranked, k))
+    assert got == _taken_in_turn(q, cache, 0, n, topk=k, sink=1, local=1)

@@ -9,14 +9,20 @@ import torch
 from conftest import assert_close
 from tiny_checkpoints import tiny_model
 
-from msa.models.attention_plan import AttentionPlan
+from msa.models.attention_plan import AttentionPlan, with_defaults
 from msa.models.attention_settings import AttentionSettings
 from msa.models.layers import apply_rope
+from msa.models.msa_defaults import MsaDefaults
+
+
+def _resolved(settings):
+    """`settings` with the choices they leave to the model made: the 30-layer rule's."""
+    return with_defaults(settings, MsaDefaults(selection_layer=5, topk=8))
 
 
 def test_the_plan_says_once_which_queries_are_dense_sparse_and_bounded():
     settings = AttentionSettings(mode="auto", dense_tokens=100, bounded_from=150, selection_layer=5)
-    plan = AttentionPlan.of(settings, 16)
+    plan = AttentionPlan.of(_resolved(settings), 16)
     # chunks of 40 queries from 40, 60, ...: all dense, dense up to 99, then none
     assert [plan.n_dense(s, 40) for s in (40, 60, 80, 100, 120)] == [40, 40, 20, 0, 0]
     assert [plan.is_sparse(p) for p in (0, 99, 100, 10**6)] == [False, False, True, True]
@@ -24,11 +30,14 @@ def test_the_plan_says_once_which_queries_are_dense_sparse_and_bounded():
     assert [plan.is_bounded(p) for p in (149, 150)] == [False, True]
     assert [plan.reads_shared(layer) for layer in (4, 5, 6)] == [False, False, True]
     assert [plan.keeps_shared(layer) for layer in (4, 5, 6)] == [False, True, False]
-    dense = AttentionPlan.of(AttentionSettings(mode="dense"), 16)
+    dense = AttentionPlan.of(_resolved(AttentionSettings(mode="dense")), 16)
     assert dense.dense_only and dense.n_dense(10**9, 5) == 5 and not dense.is_sparse(10**9)
-    msa = AttentionPlan.of(AttentionSettings(mode="msa", bounded_from=None), 16)
+    msa = AttentionPlan.of(_resolved(AttentionSettings(mode="msa", bounded_from=None)), 16)
     assert not msa.dense_only and msa.n_dense(0, 5) == 0 and msa.n_true_positions(10**9, 5) == 5
-    assert AttentionPlan.of(AttentionSettings(selection_layer=None), 16).reads_shared(30) is False
+    assert (
+        AttentionPlan.of(_resolved(AttentionSettings(selection_layer=None)), 16).reads_shared(30)
+        is False
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,19 @@ import torch
 from conftest import assert_close
 
 from msa.models.attention import attend
-from msa.models.attention_plan import AttentionPlan, ModelAttention
+from msa.models.attention_plan import AttentionPlan, ModelAttention, with_defaults
 from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import ForwardContext
 from msa.models.kv_cache import KVCache
 from msa.models.layers import RotaryEmbedding
+from msa.models.msa_defaults import MsaDefaults
 
 HQ, HKV, D, WINDOW = 4, 2, 16, 12
+
+
+def _resolved(settings):
+    """`settings` with the choices they leave to the model made: the 30-layer rule's."""
+    return with_defaults(settings, MsaDefaults(selection_layer=5, topk=8))
 
 
 def reference(q, q_start, keys, values, window, softcap):
@@ -75,16 +81,20 @@ def test_the_selection_layer_is_the_first_global_layer_at_or_after_the_setting()
     windows = (8, 8, None, 8, None)
     for configured, resolved in [(0, 2), (2, 2), (3, 4), (None, None)]:
         plan = AttentionPlan.of(
-            AttentionSettings(selection_layer=configured), 16, ModelAttention(windows)
+            _resolved(AttentionSettings(selection_layer=configured)), 16, ModelAttention(windows)
         )
         assert plan.selection_layer == resolved
-    only_local = AttentionPlan.of(AttentionSettings(selection_layer=0), 16, ModelAttention((8,)))
+    only_local = AttentionPlan.of(
+        _resolved(AttentionSettings(selection_layer=0)), 16, ModelAttention((8,))
+    )
     assert only_local.selection_layer is None
-    plain = AttentionPlan.of(AttentionSettings(selection_layer=5), 16)
+    plain = AttentionPlan.of(_resolved(AttentionSettings(selection_layer=5)), 16)
     assert plain.selection_layer == 5 and plain.window(3) is None
 
 
 def test_soft_capping_keeps_the_plan_dense_and_says_why():
-    capped = AttentionPlan.of(AttentionSettings(mode="msa"), 16, ModelAttention((), 50.0))
+    capped = AttentionPlan.of(
+        _resolved(AttentionSettings(mode="msa")), 16, ModelAttention((), 50.0)
+    )
     assert capped.dense_only and "soft-capped" in capped.dense_reason
-    assert AttentionPlan.of(AttentionSettings(mode="msa"), 16).dense_reason is None
+    assert AttentionPlan.of(_resolved(AttentionSettings(mode="msa")), 16).dense_reason is None

@@ -8,6 +8,7 @@ from .. import __version__
 from .ask import ask
 from .bench import bench_app
 from .cache import cache_app
+from .calibrate import calibrate
 from .chat import chat
 from .errors import EXIT_CODES_HELP, OneLineUsageGroup
 from .eval import eval_app
@@ -28,6 +29,7 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(cache_app, name="cache")
 app.command(epilog=EXIT_CODES_HELP)(ask)
 app.command(epilog=EXIT_CODES_HELP)(chat)
+app.command(epilog=EXIT_CODES_HELP)(calibrate)
 app.add_typer(models_app, name="models")
 app.command(epilog=EXIT_CODES_HELP)(pull)
 app.command("quantize", epilog=EXIT_CODES_HELP)(quantize)

@@ -31,9 +31,16 @@ def local_model(
 
 def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     """--verbose: which model, from where, and the settings that shape reading."""
-    from msa.models.attention_plan import always_dense_reason
+    from msa.models.attention_plan import always_dense_reason, with_defaults
 
     block = attention.block_size or "the model's"
+    defaults = loaded.model.msa_defaults
+    attention = with_defaults(attention, defaults)
+    shared = (
+        "each layer selects its own"
+        if attention.selection_layer is None
+        else f"layers after {attention.selection_layer} share its blocks"
+    )
     mode = attention.mode
     dense_reason = always_dense_reason(loaded.model.model_attention())
     if dense_reason and mode != "dense":
@@ -46,7 +53,8 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "
         f"loaded in {load_s:.2f} s; {n_threads} threads; "
-        f"attention {mode}, top-k {attention.topk}, block size {block}, "
+        f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
+        f"block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
         f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}; "
         f"prompt: {loaded.tokenizer.template.form}"

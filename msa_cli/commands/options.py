@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from msa.models.attention_settings import AttentionSettings  # a plain dataclass: no torch import
-
 DEFAULT_MODEL = (
     "smollm2-135m"  # kept in step with msa.models.registry (not imported: --help stays instant)
 )
@@ -63,10 +61,11 @@ AttentionOption = typer.Option(
     "throughout.",
 )
 TopkOption = typer.Option(
-    AttentionSettings.topk,
+    None,
     "--topk",
     min=1,
-    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent.",
+    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent. "
+    "[default: the model's: `msa calibrate` measures it, else 8]",
 )
 BlockSizeOption = typer.Option(
     None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]"
@@ -144,7 +143,7 @@ TimeoutOption = typer.Option(
 )
 
 
-def attention_settings(mode: str, topk: int, block_size, local_blocks: int, kv_dtype: str):
+def attention_settings(mode: str, topk: int | None, block_size, local_blocks: int, kv_dtype: str):
     from msa.models.attention_settings import KV_DTYPES, MODES, AttentionSettings
 
     if mode not in MODES:

@@ -44,7 +44,7 @@ def load(
     from msa.models import load_model
 
     from .generate import prepare_decode
-    from .paths import quantized_models_dir, registered_models
+    from .paths import calibrations_dir, quantized_models_dir, registered_models
 
     start = time.perf_counter()
     key = (model, quant, dtype)
@@ -57,6 +57,7 @@ def load(
             dtype=dtype,
             quantized_root=quantized_models_dir(),
             registered=registered_models(),
+            calibrations=calibrations_dir(cache_dir(cache)),
         )
         # the fused CPU decode step, built now rather than at the first answer token; the first
         # time on a machine it compiles, which `note` says

@@ -25,6 +25,11 @@ def converted_models_dir(cache: Path) -> Path:
     return cache / "models"
 
 
+def calibrations_dir(cache: Path) -> Path:
+    """MSA calibrations (`msa calibrate`), one JSON file per model's weights."""
+    return cache / "calibration"
+
+
 def data_dir() -> Path:
     """Chat history and other user data: $XDG_DATA_HOME/msa."""
     return _xdg("XDG_DATA_HOME", ".local/share") / "msa"

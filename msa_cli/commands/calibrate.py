@@ -1,0 +1,92 @@
+"""`msa calibrate`: measure MSA's selection layer and top-k on a model and keep them for it."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .errors import reports_errors
+from .options import (
+    CacheDirOption,
+    ModelOption,
+    QuantOption,
+    ThreadsOption,
+    check_precision,
+    parse_lengths,
+)
+
+
+@reports_errors
+def calibrate(
+    model: str = ModelOption,
+    length: str = typer.Option(
+        "8k",
+        "--length",
+        "-l",
+        help="Tokens of the measuring document (k suffix); at most the model's context.",
+    ),
+    needles: int = typer.Option(
+        16, "--needles", min=2, max=256, help="Key-value sentences planted at spread depths."
+    ),
+    haystack: str | None = typer.Option(
+        None, "--haystack", help="A prose text file for the document (default: a shipped book)."
+    ),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the needles' keys and values."),
+    threads: int | None = ThreadsOption,
+    quant: str | None = QuantOption,
+    json_out: bool = typer.Option(False, "--json", help="Print the per-layer figures as JSON."),
+    cache_dir: str | None = CacheDirOption,
+):
+    """Measure which layer's block choice MSA's later layers share, and how many blocks a step
+    selects, on MODEL itself; `msa ask`, `chat` and `serve` then use them for MODEL (an explicit
+    --topk still wins).
+
+    A prose document with needles planted at spread depths is read densely once; for each
+    needle's question, every layer ranks the blocks as a decode step does. The table gives, per
+    layer, the share of needles whose block a shared selection of top-k blocks holds.
+    """
+    from msa.models.msa_defaults import calibration_path, write_calibration
+
+    from ..engine.calibration import calibrate as measure
+    from ..engine.calibration import summary_rows
+    from ..engine.evals.haystack import read_prose, shipped_prose
+    from ..engine.loading import load, set_threads
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.paths import calibrations_dir
+    from .output import note, print_rows
+
+    check_precision(quant)
+    lengths = parse_lengths(length)
+    if len(lengths) != 1:
+        raise typer.BadParameter(f"{length!r}: give one length", param_hint="--length")
+    tokens = lengths[0]
+    prose = read_prose(haystack) if haystack else shipped_prose()
+    set_threads(threads)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, note=note)
+    context = loaded.config.max_position_embeddings
+    if tokens > context:
+        raise typer.BadParameter(
+            f"{tokens:,} is over {loaded.name}'s context of {context:,} tokens "
+            "(the document is read densely)",
+            param_hint="--length",
+        )
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rmsa: calibrating: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    result = measure(loaded, prose, length=tokens, needles=needles, seed=seed, on_step=progress)
+    print(file=sys.stderr)
+    d = result.defaults
+    path = calibration_path(calibrations_dir(resolve_cache_dir(cache_dir)), loaded.digest)
+    write_calibration(path, d, result.measured())
+    loaded.model.msa_defaults = d  # this process's later sessions (a test, a server) use it too
+    title = (
+        f"msa calibrate: {loaded.name}, {result.length:,} tokens, {needles} needles, "
+        f"{result.seconds:.0f} s"
+    )
+    print_rows(summary_rows(result), json_out, title)
+    note(
+        f"{loaded.name}: selection layer {d.selection_layer}, top-k {d.topk}; stored in {path} "
+        "and used from now on where --topk is not given"
+    )

@@ -1,0 +1,174 @@
+"""`msa calibrate`: measure, on the model itself, which layer's block choice the later layers
+should share and how many blocks a step should select (msa.models.msa_defaults).
+
+A document of prose (the shipped book, or the user's) is planted with `needles` key-value
+sentences at evenly spread depths and read once, densely. Then each key is asked about, in turn,
+after the document; for the query that picks the answer's first token, every layer scores the
+blocks as a decode step does and each KV head ranks them. A needle is found at a layer with
+top-k k when its value's block is among the k blocks one shared selection takes from the heads
+in turn (what the layers after the selection layer read), and, for comparison, when any head
+picks it on its own. The selection layer is the global layer that finds the most needles at the
+rule's top-k (the earliest of equals: more layers then share); top-k is the smallest of
+TOPKS that finds within one needle of the most any of them finds there (a larger top-k costs
+every decode step more reading).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from msa.models.attention_settings import AttentionSettings
+from msa.models.errors import InputError
+from msa.models.msa_decode import heads_in_turn, ranked_blocks
+from msa.models.msa_defaults import RULE_TOPK, MsaDefaults
+
+from .evals.haystack import Prose, word_pool
+from .evals.needles import NEEDLE, place, random_value
+from .evals.sizing import fit_units
+from .generate import prefill
+from .prompt import build_prompt
+
+TOPKS = (4, 8, 16, 32)
+QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
+
+
+@dataclass
+class Needle:
+    key: str
+    value: str
+    block: int = -1  # the KV block that holds the value's first token
+
+
+@dataclass
+class Calibration:
+    defaults: MsaDefaults
+    shared: list[dict[int, float]]  # per layer: top-k -> share of needles found
+    own: list[float]  # per layer: found by some head's own top-k at the rule's top-k
+    global_layers: list[int]
+    length: int  # the document's prompt tokens
+    needles: int
+    seconds: float
+
+    def measured(self) -> dict:
+        """What a calibration file keeps of how its choice was made."""
+        return {
+            "length": self.length,
+            "needles": self.needles,
+            "seconds": round(self.seconds, 1),
+            "shared": [{str(k): r for k, r in row.items()} for row in self.shared],
+            "own": self.own,
+        }
+
+
+def calibrate(loaded, prose: Prose, *, length: int, needles: int, seed: int = 0, on_step=None):
+    """Measure `loaded` on a `length`-token document with `needles` needles. `on_step(done,
+    total)` after the reading and after each question."""
+    model, tok = loaded.model, loaded.tokenizer
+    plan_of = model.model_attention()
+    if plan_of.softcap is not None:
+        raise InputError(f"{loaded.name}: MSA does not run on this model (soft-capped attention)")
+    n_layers = loaded.config.num_hidden_layers
+    global_layers = [
+        i for i in range(n_layers) if not plan_of.windows or plan_of.windows[i] is None
+    ]
+    start = time.perf_counter()
+    rng = random.Random(seed)
+    words = word_pool(prose, 2 * needles, rng)
+    planted = [Needle(f"{words[2 * i]}-{words[2 * i + 1]}", random_value(rng, "numbers", []))
+               for i in range(needles)]  # fmt: skip
+    prompt, document = _document(tok, prose, planted, length)
+    context = prompt.ids[: prompt.context_length]
+    block = model.new_cache().block_size
+    # ranked this deep; a top-k past it reads every candidate block (the sink and the local
+    # window are always read), which finds every needle
+    deepest = min(max(TOPKS), len(context) // block - 3)
+    if deepest < min(TOPKS):
+        raise InputError(f"--length {length}: too short to rank {min(TOPKS)} blocks")
+    settings = AttentionSettings(mode="dense", topk=deepest)
+    cache = model.new_cache(capacity=len(context) + 256, settings=settings)
+    prefill(model, cache, context)
+    for n in planted:
+        at = document.index(n.value)
+        token = next(i for i, (s, e) in enumerate(prompt.document_offsets) if e > at)
+        n.block = (len(prompt.head) + token) // block
+    if on_step:
+        on_step(1, needles + 1)
+    found = torch.zeros(n_layers, len(TOPKS))
+    own = torch.zeros(n_layers)
+    for i, n in enumerate(planted):
+        tail = build_prompt(tok, "", QUESTION.format(key=n.key)).tail
+        ranks: dict[int, torch.Tensor] = {}
+
+        def observe(cache, layer, q, q_start, ranks=ranks):
+            last = q_start + q.shape[1] - 1
+            ranked = ranked_blocks(q[:, -1:], cache, layer, last, cache.plan)
+            if ranked is not None:
+                ranks[layer] = ranked
+
+        prefill(model, cache, tail, observer=observe)
+        cache.truncate(len(context))
+        for layer, ranked in ranks.items():
+            for j, k in enumerate(TOPKS):
+                found[layer, j] += k > deepest or n.block in heads_in_turn(ranked, k)
+            own[layer] += bool((ranked[:, :RULE_TOPK] == n.block).any())
+        if on_step:
+            on_step(i + 2, needles + 1)
+    found, own = found / needles, own / needles
+    defaults = _choose(found, global_layers, needles, deepest)
+    return Calibration(
+        defaults,
+        [{k: round(float(found[i, j]), 3) for j, k in enumerate(TOPKS)} for i in range(n_layers)],
+        [round(float(x), 3) for x in own],
+        global_layers,
+        len(context),
+        needles,
+        time.perf_counter() - start,
+    )
+
+
+def _choose(found: torch.Tensor, global_layers: list[int], needles: int, deepest: int):
+    """The selection layer (the most needles found at the rule's top-k, the earliest of equals)
+    and the smallest top-k within one needle of the most found there by any ranked top-k (a
+    top-k past `deepest` reads every block: no choice)."""
+    at_rule = TOPKS.index(RULE_TOPK)
+    layer = max(global_layers, key=lambda i: (float(found[i, at_rule]), -i))
+    ranked = [(k, float(found[layer, j])) for j, k in enumerate(TOPKS) if k <= deepest]
+    best = max(share for _, share in ranked)
+    topk = next(k for k, share in ranked if share >= best - 1 / needles)
+    return MsaDefaults(layer, topk, "calibration")
+
+
+def _document(tok, prose: Prose, planted: list[Needle], length: int):
+    """The prompt (as msa builds it, question left out) of a document of about `length` tokens
+    with the needles at evenly spread depths, and the document's text."""
+    texts = [NEEDLE.format(type_v="numbers", key=n.key, value=n.value) for n in planted]
+    depths = [(i + 0.5) / len(planted) for i in range(len(planted))]
+
+    def text(n_words: int) -> str:
+        return " ".join(place(prose.sentences(n_words), list(zip(depths, texts))))
+
+    def tokens(n_words: int) -> int:
+        return len(tok.encode(text(n_words))) if n_words else 0
+
+    try:
+        n_words, _ = fit_units(tokens, length, max(64, length // 50))
+    except ValueError as e:
+        raise InputError(f"--length {length}: too short for {len(planted)} needles ({e})") from None
+    document = text(n_words)
+    return build_prompt(tok, document, ""), document
+
+
+def summary_rows(result: Calibration) -> list[dict]:
+    """One row per layer: the share of needles found by a shared selection at each top-k, and by
+    the heads' own choices at the rule's top-k."""
+    rows = []
+    for layer, (shared, own) in enumerate(zip(result.shared, result.own)):
+        chosen = "<- selection layer" if layer == result.defaults.selection_layer else ""
+        local = "" if layer in result.global_layers else "local (sliding window)"
+        row = {"layer": layer, **{f"shared@{k}": shared.get(k, 0.0) for k in TOPKS}}
+        rows.append({**row, f"own@{RULE_TOPK}": own, "": chosen or local})
+    return rows
