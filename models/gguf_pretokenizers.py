@@ -1,7 +1,8 @@
 """The text splits of byte-level BPE vocabularies, by the name GGUF's `tokenizer.ggml.pre` gives.
 
-Copied from llama.cpp (src/llama-vocab.cpp, `llm_tokenizer_bpe`), which applies each regex in turn
-to the pieces the previous one left, keeping both the matches and the text between them: what a
+The patterns are the ones llama.cpp splits with (src/llama-vocab.cpp, `llm_tokenizer_bpe`): data
+that must be the same for the ids to be the same. llama.cpp applies each regex in turn to the
+pieces the previous one left, keeping both the matches and the text between them: what a
 `tokenizers` Split with behavior "isolated" does. Names whose split llama.cpp writes as custom C++
 code (kimi-k2, afmoe, superbpe, gemma4, ...) are not here, so they are refused.
 """
