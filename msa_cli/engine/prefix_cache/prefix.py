@@ -46,6 +46,7 @@ class PrefixCache:
         source: str,
         model: str,
         note: Callable[[str], None] = lambda message: None,
+        chunk_tokens: int | None = None,
     ):
         self.options = options
         self.store = BlockStore(options.root)
@@ -56,13 +57,17 @@ class PrefixCache:
         self.context_tokens = len(context)
         self.chain_id = self.keys[-1].key[:16]
         self.source, self.model, self.note = source, model, note
+        # the prefill's chunk grid (None: no grid): a bad block is recomputed from the start of
+        # the chunk that first computed it, so its K/V come out as that fill's, bit for bit
+        self.chunk_blocks = max(1, (chunk_tokens or block_size) // block_size)
         self._done = 0  # blocks [0, _done) are restored or saved
         self._saving = not options.read_only
         self._keep = frozenset(k.key for k in self.keys)
 
     def restore(self, kv) -> int:
         """Import the stored blocks of the context into `kv` (empty); returns the tokens
-        restored."""
+        restored. A bad block is dropped, and the blocks before it back to the start of its
+        prefill chunk are given up too: the chunk is computed again, whole, as it first was."""
         for bk in self.keys:
             try:
                 tensors = self.store.read(bk.key, identity=self.identity, tokens=bk.tokens)
@@ -73,6 +78,8 @@ class PrefixCache:
                 except (ValueError, RuntimeError, KeyError, IndexError):
                     raise BadBlock("does not fit this model's KV cache") from None
             except BadBlock as bad:
+                self._done = bk.index - bk.index % self.chunk_blocks
+                kv.truncate(self._done * self.block_size)
                 self._drop(bk, str(bad))
                 break
             self._done += 1
@@ -182,7 +189,6 @@ class PrefixCache:
             return None
 
     def _drop(self, bk, reason: str) -> None:
-        start = bk.index * self.block_size
         if self.options.read_only:
             action = "ignored (--cache-ro)"
         else:
@@ -192,6 +198,6 @@ class PrefixCache:
             except OSError:
                 action = "could not drop it"
         self.note(
-            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token "
-            f"{start:,}"
+            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing blocks "
+            f"{self._done}-{self.keys[-1].index} from token {self._done * self.block_size:,}"
         )
