@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, 4 model missing or unknown,
 5 input too long for the model or out of memory, 6 server error (--server: unreachable, refused,
-timed out), 130 interrupted.
+timed out), 7 disk: full, read-only or not writable, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import typer
 import typer.core
 import typer.exceptions
 
-from msa.models.errors import MsaError
+from msa.models.errors import DISK_ERRNOS, MsaError, disk_error
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
     "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), "
-    "130 interrupted."
+    "7 disk full, read-only or not writable, 130 interrupted."
 )
 
 
@@ -103,6 +103,14 @@ def reports_errors(fn):
             # the reader of our stdout went away (e.g. `msa ask ... | head -1`): not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
+        except OSError as e:
+            if e.errno not in DISK_ERRNOS:
+                _say(f"internal error: {type(e).__name__}: {e} (please report this)")
+                raise typer.Exit(1) from None
+            # a disk problem that no library call named: still one line, naming the file
+            error = disk_error(e, f"cannot write {e.filename}" if e.filename else "cannot write")
+            _say(str(error))
+            raise typer.Exit(error.exit_code) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence, still one line
             _say(f"internal error: {type(e).__name__}: {e} (please report this)")
             raise typer.Exit(1) from None

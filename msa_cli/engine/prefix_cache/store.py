@@ -27,6 +27,7 @@ from msa.models.atomic_write import write_atomically
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
+from .names import is_block_key
 
 LOCK_TIMEOUT_S = 60.0
 STALE_TEMP_S = 600.0  # a temporary file this old was left by a killed writer
@@ -56,6 +57,8 @@ class BlockStore:
         self.blocks_dir = self.root / "blocks"
 
     def path(self, key: str) -> Path:
+        if not is_block_key(key):
+            raise ValueError(f"{key!r} is not a block key")
         return self.blocks_dir / key[:2] / f"{key}{_SUFFIX}"
 
     def exists(self, key: str) -> bool:
@@ -133,8 +136,11 @@ class BlockStore:
         return tensors
 
     def remove(self, key: str) -> int:
-        """Delete block `key`; returns the bytes freed (0 if it was not there)."""
+        """Delete block `key`; returns the bytes freed (0 if it was not there, or if its folder
+        is a link that could lead out of the cache)."""
         path = self.path(key)
+        if path.parent.is_symlink():
+            return 0
         try:
             size = path.stat().st_size
             path.unlink()
@@ -143,28 +149,27 @@ class BlockStore:
         return size
 
     def files(self) -> Iterator[tuple[str | None, Path, int]]:
-        """(key, path, size) of every file under blocks/; key is None for temporary files."""
+        """(key, path, size) of every file under blocks/: its key for a block file, None for
+        anything else (temporary files, stray names). Links are not followed."""
         try:
-            folders = list(self.blocks_dir.iterdir())
-        except FileNotFoundError:
+            folders = [f for f in os.scandir(self.blocks_dir) if f.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
             return
         for folder in folders:
             try:
-                entries = list(os.scandir(folder))
+                entries = list(os.scandir(folder.path))
             except (FileNotFoundError, NotADirectoryError):  # removed meanwhile (`msa cache clear`)
                 continue
             for entry in entries:
                 try:
-                    size = entry.stat().st_size
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    size = entry.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
                     continue
-                name = entry.name
-                key = (
-                    name[: -len(_SUFFIX)]
-                    if name.endswith(_SUFFIX) and not name.startswith(".")
-                    else None
-                )
-                yield key, Path(entry.path), size
+                key = entry.name.removesuffix(_SUFFIX)
+                named = entry.name.endswith(_SUFFIX) and key[:2] == folder.name
+                yield (key if named and is_block_key(key) else None), Path(entry.path), size
 
     def temp_files(self) -> list[Path]:
         return [path for key, path, _ in self.files() if key is None]
