@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from msa.models.private_files import private_dir
+
 from .errors import CacheError
 from .keys import FORMAT_VERSION
 from .names import CHAIN_ID_HEX, is_block_key, is_chain_id
@@ -125,7 +127,7 @@ class ChainIndex:
 
     def save(self, chain: Chain) -> None:
         """Write a manifest atomically (call under the store's lock)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{chain.id}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:

@@ -9,6 +9,7 @@ and its tokens are recomputed: the answer is the same as with no cache.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from .chains import Chain, ChainIndex
 from .errors import CacheBusyError
-from .keys import block_keys, identity_hash
+from .keys import block_keys, identity_hash, keyed_block_keys
+from .names import CHAIN_ID_HEX
+from .secret import SECRET_BYTES, cache_secret
 from .sizes import DEFAULT_MAX_BYTES, format_size
 from .store import BadBlock, BlockStore
 
@@ -51,17 +54,22 @@ class PrefixCache:
         self.options = options
         self.store = BlockStore(options.root)
         self.index = ChainIndex(self.store)
+        self.source, self.model, self.note = source, model, note
+        self._saving = not options.read_only
         self.identity = identity_hash(identity)
-        self.keys = block_keys(self.identity, context, block_size)
+        # files are named under the cache's secret; without one (a new cache read-only, or one
+        # that cannot be written) nothing is stored under any name this process could make
+        secret = self._guard(cache_secret, options.root, create=self._saving)
+        self.keys = keyed_block_keys(
+            secret or os.urandom(SECRET_BYTES), block_keys(self.identity, context, block_size)
+        )
         self.block_size = block_size
         self.context_tokens = len(context)
-        self.chain_id = self.keys[-1].key[:16]
-        self.source, self.model, self.note = source, model, note
+        self.chain_id = self.keys[-1].key[:CHAIN_ID_HEX]
         # the prefill's chunk grid (None: no grid): a bad block is recomputed from the start of
         # the chunk that first computed it, so its K/V come out as that fill's, bit for bit
         self.chunk_blocks = max(1, (chunk_tokens or block_size) // block_size)
         self._done = 0  # blocks [0, _done) are restored or saved
-        self._saving = not options.read_only
         self._keep = frozenset(k.key for k in self.keys)
 
     def restore(self, kv) -> int:

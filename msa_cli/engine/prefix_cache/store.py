@@ -5,11 +5,13 @@ Layout under the prefix cache's folder:
     blocks/<key[:2]>/<key>.safetensors   one block: every tensor the KV cache exported for it,
                                          with metadata (format, identity, key, tokens, checksum)
     lock                                 the store's file lock (manifests, eviction, removal)
+    secret                               what keys are keyed by (secret.py)
 
-A block is written to a temporary file in its own folder, fsynced, then renamed over its final
-name: a reader sees the whole file or none. Block files are named by content (their key), so two
-processes writing the same block write the same bytes and need no lock; the lock guards what
-must be read and changed together (chain manifests and eviction, see chains.py).
+A key here is the keyed name of a block's content key (keys.py, secret.py). A block is written
+to a temporary file in its own folder, fsynced, then renamed over its final name: a reader sees
+the whole file or none. Block files are named by content, so two processes writing the same
+block write the same bytes and need no lock; the lock guards what must be read and changed
+together (chain manifests and eviction, see chains.py). Folders are 0700, files 0600.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import filelock
 import xxhash
 
 from msa.models.atomic_write import write_atomically
+from msa.models.private_files import FILE_MODE, private_dir
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
@@ -73,8 +76,9 @@ class BlockStore:
     @contextlib.contextmanager
     def lock(self, timeout: float = LOCK_TIMEOUT_S):
         """Hold the store's lock (a file lock: released by the OS if its holder dies)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(self.root / "lock", timeout=timeout)
+        private_dir(self.blocks_dir)  # and the cache's root: made private, or tightened
+        private_dir(self.root)
+        lock = filelock.FileLock(self.root / "lock", timeout=timeout, mode=FILE_MODE)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -106,6 +110,8 @@ class BlockStore:
         def save(tmp: Path) -> None:
             try:
                 save_file(tensors, str(tmp), metadata=metadata)
+            except OSError:
+                raise
             except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as its own error
                 raise OSError(f"writing a block failed: {e}") from e
 
