@@ -214,9 +214,11 @@ class ChainIndex:
         return total + incoming <= max_bytes
 
     def sweep(self, *, keep: frozenset[str] = frozenset()) -> list[Chain]:
-        """Remove what no valid manifest holds: invalid manifests (damaged, of an older format)
-        and blocks no chain (nor `keep`) uses. Returns the valid chains. (Call under the
-        lock.)"""
+        """Remove what no valid manifest holds: invalid manifests (damaged, of an older format),
+        blocks no chain (nor `keep`) uses, and stale temporary files of the secret and token ids.
+        Returns the valid chains. (Call under the lock.)"""
+        root = self.store.root
+        remove_stale_temp_files([*root.glob(".*.tmp"), *(root / "tokens").glob(".*.tmp")])
         chains = []
         for path, chain in self.manifests():
             if chain is not None:

@@ -148,8 +148,9 @@ class PrefixCache:
         return False
 
     def _write_manifest(self) -> None:
-        """Mark this chain used now, writing its manifest if it has none (under the lock)."""
-        chain = self.index.load(self.chain_id) or Chain(
+        """Mark this chain used now, writing its manifest if it has none, or one that is not
+        this chain's (damaged in a way its schema cannot tell) (under the lock)."""
+        ours = Chain(
             id=self.chain_id,
             identity=self.identity,
             model=self.model,
@@ -158,8 +159,11 @@ class PrefixCache:
             block_size=self.block_size,
             blocks=[k.key for k in self.keys],
         )
-        chain.source, chain.last_used = self.source, time.time()
-        self.index.save(chain)
+        chain = self.index.load(self.chain_id)
+        same = chain is not None and _what_it_holds(chain) == _what_it_holds(ours)
+        if same:
+            chain.source, chain.last_used = self.source, time.time()
+        self.index.save(chain if same else ours)
 
     def _mark_used(self) -> bool:
         with self.store.lock():
@@ -209,3 +213,7 @@ class PrefixCache:
             f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing blocks "
             f"{self._done}-{self.keys[-1].index} from token {self._done * self.block_size:,}"
         )
+
+
+def _what_it_holds(chain: Chain) -> tuple:
+    return chain.identity, chain.tokens, chain.block_size, chain.blocks
