@@ -156,3 +156,31 @@ def test_cache_commands_on_a_cache_they_cannot_change_end_in_one_line(isolated_h
     assert listed.exit_code == 0 and json.loads(listed.stdout)[0]["id"] == chain.id
     monkeypatch.undo()
     assert ChainIndex(BlockStore(root)).all() == [chain]
+
+
+def test_on_a_really_read_only_cache_too(tmp_path):
+    """The same on a file system mounted read-only, where this machine lets tests mount one."""
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here: the simulated read-only cache above stands in")
+    try:
+        root = folder / "prefix"
+        chain = cached_document(root, "good.txt")
+        with BlockStore(root).lock():  # the lock file, as the cache's first ask leaves it
+            pass
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        for args in (["rm", chain.id], ["prune", "--max-size", "0"], ["clear"]):
+            result = cache(*args, "--cache-dir", folder)
+            assert result.exit_code == 7, result.output
+            assert result.stderr == (
+                f"msa: error: cannot change the prefix cache {root}: read-only file system\n"
+            )
+        listed = cache("ls", "--json", "--cache-dir", folder)
+        assert listed.exit_code == 0 and json.loads(listed.stdout)[0]["id"] == chain.id
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

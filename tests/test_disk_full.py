@@ -204,3 +204,21 @@ def test_a_full_disk_while_caching_a_block_loses_nothing(tmp_path, monkeypatch):
     assert {k: store.path(k).read_bytes() for k in kept} == kept  # nothing lost
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     assert len(ChainIndex(store).all()) == 2
+
+
+@pytest.mark.parametrize(
+    "code,reason",
+    [
+        (errno.ENOSPC, "no space left on the device"),
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "permission denied"),
+    ],
+)
+def test_any_disk_error_a_command_meets_is_one_line_with_exit_7(monkeypatch, code, reason):
+    def fails(self):
+        raise OSError(code, os.strerror(code), "/somewhere/file")
+
+    monkeypatch.setattr(ChainIndex, "disk_bytes", fails)
+    result = CliRunner().invoke(app, ["cache", "info"])
+    assert result.exit_code == 7
+    assert result.stderr == f"msa: error: cannot use /somewhere/file: {reason}\n"

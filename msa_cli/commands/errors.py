@@ -75,6 +75,12 @@ class OneLineUsageGroup(typer.core.TyperGroup):
             return super().invoke(ctx)
 
 
+def _internal(error: Exception) -> typer.Exit:
+    """Say that `error` is msa's own bug, in one line; the exit to raise (code 1)."""
+    _say(f"internal error: {type(error).__name__}: {error} (please report this)")
+    return typer.Exit(1)
+
+
 def reports_errors(fn):
     """Wrap a command so the library's errors end it with one line on stderr and their exit code."""
 
@@ -105,14 +111,12 @@ def reports_errors(fn):
             raise typer.Exit(0) from None
         except OSError as e:
             if e.errno not in DISK_ERRNOS:
-                _say(f"internal error: {type(e).__name__}: {e} (please report this)")
-                raise typer.Exit(1) from None
+                raise _internal(e) from None
             # a disk problem that no library call named: still one line, naming the file
-            error = disk_error(e, f"cannot write {e.filename}" if e.filename else "cannot write")
+            error = disk_error(e, f"cannot use {e.filename}" if e.filename else "disk")
             _say(str(error))
             raise typer.Exit(error.exit_code) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence, still one line
-            _say(f"internal error: {type(e).__name__}: {e} (please report this)")
-            raise typer.Exit(1) from None
+            raise _internal(e) from None
 
     return wrapper
