@@ -121,6 +121,9 @@ def models_folder(cache_dir: Path) -> list[str]:
 def test_a_first_conversion_on_a_full_disk_is_one_line_and_leaves_no_part(
     tmp_path, monkeypatch, how
 ):
+    from msa.engine import loading
+
+    monkeypatch.setattr(loading, "_loaded", {})  # no model this process loaded already
     doc = tmp_path / "doc.txt"
     doc.write_text("The keeper lit the lamp at dusk.\n")
     cache_dir = tmp_path / "cache"
