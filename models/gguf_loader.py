@@ -20,7 +20,8 @@ from .atomic_write import write_atomically
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .digests import file_digest, memo_dir
-from .errors import ModelError
+from .disk_space import check_free_space
+from .errors import ModelError, disk_error
 from .gguf_config import hf_config_dict
 from .gguf_header import GgufHeader, read_header, read_tensor
 from .gguf_tensors import (
@@ -69,8 +70,6 @@ def _convert(path: Path, digest: str, out: Path) -> None:
     hf_config = _hf_config(header)
     _config(hf_config)  # its checks, before the tokenizer is read
     tokenizer_json, prompt_meta = _tokenizer_from_metadata(header)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
     meta = {
         "format": CONVERTED_FORMAT,
         "digest": digest,
@@ -81,8 +80,15 @@ def _convert(path: Path, digest: str, out: Path) -> None:
         **prompt_meta,
         "name": header.fields.get("general.name", path.stem),
     }
-    # meta.json last: its presence says the copy is complete.
-    write_atomically(out / "meta.json", lambda p: p.write_text(json.dumps(meta)))
+    meta_json = json.dumps(meta)
+    doing = f"converting {path.name} into {out}"
+    check_free_space(out, len(tokenizer_json.encode()) + len(meta_json.encode()), doing)
+    try:
+        write_atomically(out / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
+        # meta.json last: its presence says the copy is complete.
+        write_atomically(out / "meta.json", lambda p: p.write_text(meta_json))
+    except OSError as e:  # each file is whole or absent: the next start converts again
+        raise disk_error(e, doing) from None
 
 
 def load_gguf(

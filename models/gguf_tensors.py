@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ModelError
+from .errors import DiskError, ModelError
 from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
 from .gguf_header import GgufHeader
 from .gguf_names import CONFIG_TENSORS, our_name, split_fused_rows, undo_norm_shift, unpermute_rows
@@ -113,18 +113,21 @@ class Int8Copy:
     def save(self) -> None:
         """Keep this load's roundings with the earlier ones (the copy is all or nothing: a load
         in another mode may round other tensors)."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         from .atomic_write import write_atomically
+        from .disk_space import check_free_space
 
         every = self.kept | self.new
         size = sum(v.numel() * v.element_size() for v in every.values())
         if self.path is None or not self.new or size > self.limit:
             return
         try:
+            check_free_space(self.path.parent, size, "keeping int8 roundings")
             write_atomically(self.path, lambda p: save_file(every, str(p)))
-        except OSError:
-            pass  # a read-only cache: rounded again next time
+        except (OSError, DiskError, SafetensorError):
+            pass  # a read-only or full cache (safetensors has its own error): rounded next time
 
 
 def _convert(t: TensorInfo, raw: np.ndarray, target: str, int8: Int8Copy):

@@ -17,7 +17,8 @@ queries use which).
 
 Keys and values live in memory, or, for inputs larger than memory, in files mapped from
 `storage_dir` (unlinked as soon as they are mapped, so nothing is left behind even after a
-crash): the OS then pages in only the blocks a step touches.
+crash): the OS then pages in only the blocks a step touches. Their disk space is checked and
+allocated up front (disk_space.py): a full disk is one error line, not a SIGBUS mid-answer.
 
 Blocks put back from the disk prefix cache are copied in as they are first read
 (kv_restore.py): readers load what they read (`load_tokens`, `load_blocks`), or `fetch` it.
@@ -42,10 +43,12 @@ from msa.kernels import block_summaries
 
 from .attention_plan import AttentionPlan, ModelAttention, with_defaults
 from .attention_settings import AttentionSettings
+from .disk_space import allocate, check_free_space
 from .kv_int8 import round_rows
 from .kv_restore import RestoredBlocks
 from .layers import RotaryEmbedding
 from .msa_defaults import rule_for_depth
+from .private_files import private_dir
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -87,6 +90,7 @@ class KVCache(RestoredBlocks):
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
         self.int8 = self.settings.kv_dtype == "int8"
+        self._check_spill_space(cap)
         self.k = [self._new_store(cap) for _ in range(n_layers)]
         self.v = [self._new_store(cap) for _ in range(n_layers)]
         # int8 K/V: the scale of each row, [Hkv, capacity] per layer
@@ -118,10 +122,11 @@ class KVCache(RestoredBlocks):
                 -1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
             )
             return torch.frombuffer(mapped, dtype=dtype).view(shape)
-        Path(self.storage_dir).mkdir(parents=True, exist_ok=True)
+        private_dir(self.storage_dir)
         fd, path = tempfile.mkstemp(prefix="kv-", dir=self.storage_dir)
         try:
-            os.ftruncate(fd, numel * dtype.itemsize)  # sparse: no disk used until written
+            # allocated now: a full disk is an error here, never a SIGBUS at a later write
+            allocate(fd, numel * dtype.itemsize, f"spilling K/V to {self.storage_dir}")
             mapped = mmap.mmap(fd, numel * dtype.itemsize)
             # A step reads a few scattered blocks: without this hint each page fault also reads the
             # pages around it, and once the K/V outgrow the page cache (a 1M-token input) that
@@ -132,6 +137,15 @@ class KVCache(RestoredBlocks):
         finally:
             os.close(fd)
             os.unlink(path)
+
+    def _check_spill_space(self, capacity: int) -> None:
+        """With K/V spilled to files, DiskError now unless every store of `capacity` tokens
+        fits on their disk."""
+        if self.storage_dir is None:
+            return
+        row = self.head_dim * self.dtype.itemsize + (4 if self.int8 else 0)  # + int8 scales
+        needed = 2 * self.n_layers * self.n_kv_heads * capacity * row
+        check_free_space(self.storage_dir, needed, f"spilling K/V to {self.storage_dir}")
 
     def _round_up(self, n: int) -> int:
         b = self.block_size
@@ -150,6 +164,7 @@ class KVCache(RestoredBlocks):
         if n_tokens <= self.capacity:
             return
         cap = self._round_up(max(n_tokens, self.capacity * 3 // 2))
+        self._check_spill_space(cap)
         for store in (self.k, self.v, self.k_scale, self.v_scale):
             for i, t in enumerate(store):
                 grown = self._new_store(cap, scales=t.dim() == 2)

@@ -23,7 +23,9 @@ import torch
 
 from .architectures import config_class
 from .checkpoint import Checkpoint
-from .errors import ModelError
+from .disk_space import check_free_space
+from .errors import DiskError, ModelError, disk_error
+from .private_files import private_dir
 from .quantize import DEFAULT_GROUP_SIZE, load_quantized, save_quantized
 from .tokenizer import ChatTemplate, TextTokenizer
 
@@ -44,12 +46,23 @@ def write_quantized_copy(
 ) -> Path:
     """Write `state` (quantized and floating tensors by our names) with `ckpt`'s config and
     tokenizer as `<root>/<base>-<mode>`, replacing an older copy only once the new one is whole."""
+    from safetensors import SafetensorError
+
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / copy_name(base_name, mode)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    doing = f"writing {final}"
+    needed = sum(t.numel() * t.element_size() for t in state.values())
+    check_free_space(root, needed, doing)  # tensors' bytes; the rest is small
     try:
-        save_quantized(work / "model.safetensors", state, mode, group_size)
+        private_dir(root)
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    except OSError as e:
+        raise disk_error(e, doing) from None
+    try:
+        try:
+            save_quantized(work / "model.safetensors", state, mode, group_size)
+        except SafetensorError as e:  # how safetensors reports a full disk
+            raise DiskError(f"{doing}: {e}") from None
         (work / "tokenizer.json").write_text(ckpt.tokenizer.tokenizer.to_str())
         template = ckpt.tokenizer.template
         digest = hashlib.sha256(f"{ckpt.digest}:{mode}:{group_size}".encode()).hexdigest()
@@ -73,6 +86,8 @@ def write_quantized_copy(
         os.replace(work, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise disk_error(e, doing) from None
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)

@@ -271,7 +271,7 @@ def test_a_damaged_block_is_dropped_recomputed_and_reported(
     assert result.exit_code == 0, result.output
     assert result.stdout == expected_answer
     assert result.stderr.splitlines() == [
-        f"msa: cache: block 2 of {source} {reason}: dropped, recomputing from token 128"
+        f"msa: cache: block 2 of {source} {reason}: dropped, recomputing blocks 0-3 from token 0"
     ]
     out = ask_json(run, source, QUESTION)  # block 2 was written again, whole
     assert out["cached_tokens"] == stored.context_tokens
@@ -291,7 +291,7 @@ def test_notes_are_quiet_and_read_only_changes_nothing(run, embedded, prefilled,
     assert result.stdout == expected_answer
     assert result.stderr == (
         f"msa: cache: block 3 of {source} is corrupted (checksum mismatch): "
-        f"ignored (--cache-ro), recomputing from token 192\n"
+        f"ignored (--cache-ro), recomputing blocks 0-3 from token 0\n"
     )
     assert stored.store.exists(stored.keys[3].key) and manifest.read_bytes() == stamp
     result = run("ask", source, QUESTION, "-n", "4", "--quiet")

@@ -186,9 +186,9 @@ def add_chain(
     index: ChainIndex, name: str, keys: list[str], *, last_used: float, seed: int = 0
 ) -> Chain:
     """A document of len(keys) full blocks of 4 tokens, its blocks written and its manifest
-    saved."""
+    saved (its id: the first 16 digits of its last key)."""
     chain = Chain(
-        id=name,
+        id=keys[-1][:16],
         identity=ROOT,
         model="m",
         source=f"{name}.txt",
@@ -205,7 +205,7 @@ def add_chain(
 
 
 def key(n: int) -> str:
-    return f"{n:064x}"
+    return f"{n:016x}" * 4
 
 
 @pytest.fixture
@@ -215,21 +215,19 @@ def index(store) -> ChainIndex:
 
 def test_eviction_removes_least_recently_used_chains_whole_and_keeps_shared_blocks(index):
     now = time.time()
-    add_chain(index, "old", [key(1), key(2), key(3)], last_used=now - 30)
-    add_chain(
+    old = add_chain(index, "old", [key(1), key(2), key(3)], last_used=now - 30)
+    mid = add_chain(
         index, "mid", [key(1), key(2), key(4)], last_used=now - 20
     )  # shares 2 blocks with "old"
-    add_chain(index, "new", [key(5), key(6), key(7)], last_used=now - 10)
+    new = add_chain(index, "new", [key(5), key(6), key(7)], last_used=now - 10)
     block_file = index.store.size(key(1))
-    manifest = index.path("new").stat().st_size
+    manifest = index.path(new.id).stat().st_size
     total = index.disk_bytes()
-    assert total == 7 * block_file + sum(
-        index.path(c).stat().st_size for c in ("old", "mid", "new")
-    )
+    assert total == 7 * block_file + sum(index.path(c.id).stat().st_size for c in (old, mid, new))
     # room for two chains: "old" goes; its blocks shared with "mid" stay
     budget = 6 * block_file + 2 * manifest + 100
     assert index.evict(budget)
-    assert sorted(c.id for c in index.all()) == ["mid", "new"]
+    assert sorted(c.source for c in index.all()) == ["mid.txt", "new.txt"]
     assert [index.store.exists(key(n)) for n in range(1, 8)] == [
         True,
         True,
@@ -240,20 +238,20 @@ def test_eviction_removes_least_recently_used_chains_whole_and_keeps_shared_bloc
         True,
     ]
     assert index.disk_bytes() <= budget
-    assert index.cached_tokens(index.load("mid")) == 12
+    assert index.cached_tokens(index.load(mid.id)) == 12
 
 
 def test_eviction_never_removes_the_running_commands_blocks(index):
     now = time.time()
-    add_chain(index, "running", [key(1), key(2)], last_used=now - 100)  # the least recently used
+    running = add_chain(index, "running", [key(1), key(2)], last_used=now - 100)  # the oldest
     add_chain(index, "other", [key(3), key(4)], last_used=now)
     orphan = key(9)
     index.store.write(
         orphan, a_block(), identity=ROOT, index=0, tokens=4
     )  # a writer died before its manifest
-    fits = index.evict(0, keep=frozenset({key(1), key(2)}), keep_chain="running")
+    fits = index.evict(0, keep=frozenset({key(1), key(2)}), keep_chain=running.id)
     assert not fits  # the blocks in use alone are over a zero budget
-    assert [c.id for c in index.all()] == ["running"]
+    assert [c.source for c in index.all()] == ["running.txt"]
     assert [index.store.exists(k) for k in (key(1), key(2), key(3), key(4), orphan)] == [
         True,
         True,
@@ -265,7 +263,7 @@ def test_eviction_never_removes_the_running_commands_blocks(index):
 
 def test_eviction_counts_incoming_bytes_and_sweeps_stale_temp_files(index):
     now = time.time()
-    add_chain(index, "a", [key(1)], last_used=now - 10)
+    a = add_chain(index, "a", [key(1)], last_used=now - 10)
     add_chain(index, "b", [key(2)], last_used=now)
     stale = [
         index.store.path(key(1)).parent / ".a.tmp",
@@ -276,27 +274,27 @@ def test_eviction_counts_incoming_bytes_and_sweeps_stale_temp_files(index):
         path.write_bytes(b"x" * 5000)
     for path in stale:
         os.utime(path, (now - 3600, now - 3600))
-    one_chain = index.store.size(key(1)) + index.path("a").stat().st_size
+    one_chain = index.store.size(key(1)) + index.path(a.id).stat().st_size
     assert index.evict(2 * one_chain + 5000 + 10)  # fits once the stale temp files are gone
     assert [p.exists() for p in stale + [young]] == [False, False, True] and len(index.all()) == 2
     young.unlink()
     assert index.evict(2 * one_chain + 10, incoming=one_chain)
-    assert [c.id for c in index.all()] == ["b"]
+    assert [c.source for c in index.all()] == ["b.txt"]
 
 
 def test_remove_keeps_blocks_that_another_chain_uses(index):
     a = add_chain(index, "a", [key(1), key(2)], last_used=1)
     add_chain(index, "b", [key(1), key(3)], last_used=2)
-    expected = index.store.size(key(2)) + index.path("a").stat().st_size
+    expected = index.store.size(key(2)) + index.path(a.id).stat().st_size
     assert index.remove(a, others=index.all()) == expected
     assert [index.store.exists(key(n)) for n in (1, 2, 3)] == [True, False, True]
-    assert [c.id for c in index.all()] == ["b"]
+    assert [c.source for c in index.all()] == ["b.txt"]
 
 
 def test_find_by_unique_prefix(index):
-    add_chain(index, "abc123", [key(1)], last_used=1)
-    add_chain(index, "abd456", [key(2)], last_used=1)
-    assert index.find("abc").id == "abc123"
+    add_chain(index, "abc", ["abc123".ljust(64, "0")], last_used=1)
+    add_chain(index, "abd", ["abd456".ljust(64, "0")], last_used=1)
+    assert index.find("abc").id == "abc1230000000000"
     with pytest.raises(CacheError, match="ambiguous"):
         index.find("ab")
     with pytest.raises(CacheError, match="no cached document with id 'zz'"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 
@@ -30,6 +31,37 @@ def _index(cache_dir: str | None):
     return ChainIndex(BlockStore(prefix_dir(resolve_cache_dir(cache_dir))))
 
 
+@contextlib.contextmanager
+def _changing(index):
+    """The store's lock, held to change the cache; a cache that cannot be changed (read-only,
+    not ours, a full disk) ends the command with one line."""
+    from msa.models.errors import disk_error
+
+    try:
+        with index.store.lock():
+            yield
+    except OSError as e:
+        raise disk_error(e, f"cannot change the prefix cache {index.store.root}") from None
+
+
+def _valid_chains(index) -> list:
+    """The chains of valid manifests, with one warning line per file that is not one."""
+    from .output import note
+
+    def warn(path) -> None:
+        note(
+            f"warning: skipping {path} (not a valid manifest: damaged, or written by another "
+            "msa version; `msa cache prune` removes it)"
+        )
+
+    try:
+        return index.all(on_invalid=warn)
+    except OSError as e:
+        from msa.models.errors import disk_error
+
+        raise disk_error(e, f"cannot read the prefix cache {index.store.root}") from None
+
+
 def _time(t: float) -> str:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
@@ -47,7 +79,7 @@ def ls(
 
     index = _index(cache_dir)
     rows = []
-    for chain in sorted(index.all(), key=lambda c: c.last_used, reverse=True):
+    for chain in sorted(_valid_chains(index), key=lambda c: c.last_used, reverse=True):
         rows.append(
             {
                 "id": chain.id,
@@ -85,7 +117,7 @@ def info(cache_dir: str | None = CacheDirOption):
     from ..engine.prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
 
     index = _index(cache_dir)
-    chains = index.all()
+    chains = _valid_chains(index)
     uses = index.counts()
     blocks = [key for key, _, _ in index.store.files() if key is not None]
     print(f"directory  {index.store.root}")
@@ -111,7 +143,7 @@ def rm(
     from ..engine.prefix_cache import format_size
 
     index = _index(cache_dir)
-    with index.store.lock():
+    with _changing(index):
         chain = index.find(chain_id)
         freed = index.remove(chain, others=index.all())
     print(f"removed {chain.id} ({chain.source}), freed {format_size(freed)}")
@@ -132,8 +164,9 @@ def prune(
 
     budget = parse_size(max_size, what="--max-size") if max_size is not None else budget_from_env()
     index = _index(cache_dir)
-    with index.store.lock():
+    with _changing(index):
         before, n_before = index.disk_bytes(), len(index.all())
+        index.sweep()  # invalid manifests and blocks no document uses, whatever the budget
         index.evict(budget)
         after, n_after = index.disk_bytes(), len(index.all())
     removed = n_before - n_after
@@ -153,7 +186,7 @@ def clear(cache_dir: str | None = CacheDirOption):
     from ..engine.prefix_cache import format_size
 
     index = _index(cache_dir)
-    with index.store.lock():
+    with _changing(index):
         freed = index.disk_bytes()
         for folder in (index.store.blocks_dir, index.dir, index.store.root / "tokens"):
             shutil.rmtree(folder, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, 4 model missing or unknown,
 5 input too long for the model or out of memory, 6 server error (--server: unreachable, refused,
-timed out), 130 interrupted.
+timed out), 7 disk: full, read-only or not writable, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import typer
 import typer.core
 import typer.exceptions
 
-from msa.models.errors import MsaError
+from msa.models.errors import DISK_ERRNOS, MsaError, disk_error
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
     "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), "
-    "130 interrupted."
+    "7 disk full, read-only or not writable, 130 interrupted."
 )
 
 
@@ -75,6 +75,12 @@ class OneLineUsageGroup(typer.core.TyperGroup):
             return super().invoke(ctx)
 
 
+def _internal(error: Exception) -> typer.Exit:
+    """Say that `error` is msa's own bug, in one line; the exit to raise (code 1)."""
+    _say(f"internal error: {type(error).__name__}: {error} (please report this)")
+    return typer.Exit(1)
+
+
 def reports_errors(fn):
     """Wrap a command so the library's errors end it with one line on stderr and their exit code."""
 
@@ -103,8 +109,14 @@ def reports_errors(fn):
             # the reader of our stdout went away (e.g. `msa ask ... | head -1`): not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
+        except OSError as e:
+            if e.errno not in DISK_ERRNOS:
+                raise _internal(e) from None
+            # a disk problem that no library call named: still one line, naming the file
+            error = disk_error(e, f"cannot use {e.filename}" if e.filename else "disk")
+            _say(str(error))
+            raise typer.Exit(error.exit_code) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence, still one line
-            _say(f"internal error: {type(e).__name__}: {e} (please report this)")
-            raise typer.Exit(1) from None
+            raise _internal(e) from None
 
     return wrapper

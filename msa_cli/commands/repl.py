@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msa.models.errors import MsaError
+from msa.models.private_files import private_file
 
 from ..engine.documents import Context
 from .output import write_stdout
@@ -152,7 +153,7 @@ def run_repl(
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
 
-    history_file.parent.mkdir(parents=True, exist_ok=True)
+    private_file(history_file)  # the questions asked: for the user's eyes only
     prompt = PromptSession(
         history=FileHistory(str(history_file)), input=terminal_input, output=terminal_output
     )

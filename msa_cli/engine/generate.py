@@ -92,19 +92,32 @@ def prefill_chunks(
     question_from: int | None = None,
     observer=None,
     chunk: int = PREFILL_CHUNK,
+    aligned: bool = False,
 ) -> Generator[int, None, torch.Tensor]:
     """Append `ids` to `cache` in chunks, yielding each chunk's token count once it is in the
     cache; returns (StopIteration's value) the last token's logits [vocab].
 
     `question_from`: where the question starts (MSA's question chunks select blocks by content);
-    `observer(cache, layer, q, q_start)`: sees every query (the sources' tracker)."""
+    `observer(cache, layer, q, q_start)`: sees every query (the sources' tracker); `aligned`:
+    chunks end at multiples of `chunk` counted from the cache's first token, wherever `ids`
+    start (a document's K/V then depend only on its tokens: the prefix cache recomputes a block
+    exactly as the fill that wrote it)."""
     cache.reserve(cache.length + len(ids))
     logits = None
-    for start in range(0, len(ids), chunk):
-        piece = ids[start : start + chunk]
+    first = chunk - cache.length % chunk if aligned else chunk
+    for start, end in _chunk_bounds(len(ids), first, chunk):
+        piece = ids[start:end]
         logits = _forward(model, cache, piece, question_from, observer)
         yield len(piece)
     return logits
+
+
+def _chunk_bounds(n: int, first: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of chunks over n tokens: the first of `first` tokens, then of `chunk`."""
+    start, end = 0, min(first, n)
+    while start < n:
+        yield start, end
+        start, end = end, min(end + chunk, n)
 
 
 def prefill(

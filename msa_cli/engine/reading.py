@@ -1,9 +1,10 @@
 """Reading a prompt into a K/V cache: the prefix cache's blocks for its context, the chunks
 of what they lack, then the question.
 
-The context (head + document) and the tail are prefilled apart, so the context's chunks fall at
-the same places whether or not a cache holds part of it: a full cache hit gives the same logits,
-bit for bit, as no cache.
+The context (head + document) and the tail are prefilled apart, and the context's chunks end at
+multiples of the chunk size whatever the cache holds of it: a full cache hit gives the same
+logits, bit for bit, as no cache, and a block recomputed from a chunk's start (a corrupted one)
+gets the K/V the first fill gave it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def prompt_chunks(
     returns the last token's logits (None without a tail). Each finished chunk of the context
     is saved to `stored`."""
     if cache.length < len(context):
-        chunks = generate.prefill_chunks(model, cache, context[cache.length :], observer=observer)
+        chunks = generate.prefill_chunks(
+            model, cache, context[cache.length :], observer=observer, aligned=True
+        )
         for n in chunks:
             yield n
             if stored:
@@ -88,4 +91,5 @@ def open_prefix_cache(
         source="stdin" if source == "-" else source,
         model=loaded.name,
         note=settings.note or (lambda message: None),
+        chunk_tokens=generate.PREFILL_CHUNK,
     )

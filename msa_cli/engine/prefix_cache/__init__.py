@@ -2,6 +2,8 @@
 the same document reads only the question.
 
     keys.py     identity of what shapes the K/V, chained block keys
+    secret.py   the cache's secret, which names files by a keyed hash of their keys
+    names.py    keys and ids checked as plain hex names before they become paths
     store.py    block files: atomic writes, checksums, the file lock
     chains.py   one manifest per document chain, least-recently-used eviction in a budget
     sizes.py    '10G' and friends

@@ -19,11 +19,15 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from msa.models.private_files import private_dir
+
 from .errors import CacheError
 from .keys import FORMAT_VERSION
+from .names import CHAIN_ID_HEX, is_block_key, is_chain_id
 from .store import BlockStore, remove_stale_temp_files
 
 
@@ -43,6 +47,44 @@ class Chain:
     def block_tokens(self, index: int) -> int:
         return min(self.block_size, self.tokens - index * self.block_size)
 
+    @classmethod
+    def from_json(cls, data: object) -> Chain:
+        """A chain from a manifest's JSON, checked field by field: ValueError if anything is
+        missing, of the wrong type, or not a name inside the cache (see names.py)."""
+        if not isinstance(data, dict) or set(data) != _FIELDS:
+            raise ValueError("not a manifest object")
+        for name, kind in _FIELD_TYPES.items():
+            value = data[name]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"{name} is not {kind}")
+        blocks, block_size, tokens = data["blocks"], data["block_size"], data["tokens"]
+        if (
+            data["format"] != FORMAT_VERSION
+            or not is_chain_id(data["id"])
+            or block_size < 1
+            or tokens < 1
+            or len(blocks) != -(-tokens // block_size)
+            or not all(is_block_key(key) for key in blocks)
+            or blocks[-1][:CHAIN_ID_HEX] != data["id"]
+        ):
+            raise ValueError("inconsistent manifest")
+        return cls(**data)
+
+
+_FIELD_TYPES = {
+    "id": str,
+    "identity": str,
+    "model": str,
+    "source": str,
+    "tokens": int,
+    "block_size": int,
+    "blocks": list,
+    "created": (int, float),
+    "last_used": (int, float),
+    "format": int,
+}
+_FIELDS = set(_FIELD_TYPES)
+
 
 class ChainIndex:
     def __init__(self, store: BlockStore):
@@ -50,25 +92,42 @@ class ChainIndex:
         self.dir = store.root / "chains"
 
     def path(self, chain_id: str) -> Path:
+        if not is_chain_id(chain_id):
+            raise ValueError(f"{chain_id!r} is not a chain id")
         return self.dir / f"{chain_id}.json"
 
     def load(self, chain_id: str) -> Chain | None:
+        """The chain `chain_id`, or None if its manifest is missing or invalid (never trusted:
+        a manifest that is not what msa writes is as good as none, and is written again)."""
         try:
-            data = json.loads(self.path(chain_id).read_text())
-            return Chain(**data) if data.get("format") == FORMAT_VERSION else None
-        except (OSError, ValueError, TypeError):
+            chain = Chain.from_json(json.loads(self.path(chain_id).read_bytes()))
+        except (OSError, ValueError, RecursionError):  # JSON errors are ValueErrors
             return None
+        return chain if chain.id == chain_id else None
 
-    def all(self) -> list[Chain]:
-        """Every readable manifest (unreadable ones are skipped; `evict` removes them)."""
-        if not self.dir.is_dir():
+    def manifests(self) -> list[tuple[Path, Chain | None]]:
+        """Every file of chains/ but temporary ones, with its chain (None: not a valid
+        manifest)."""
+        try:
+            paths = sorted(p for p in self.dir.iterdir() if not p.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        chains = (self.load(p.stem) for p in sorted(self.dir.glob("*.json")))
-        return [c for c in chains if c is not None]
+        return [(p, self.load(p.stem) if p.suffix == ".json" else None) for p in paths]
+
+    def all(self, on_invalid: Callable[[Path], None] | None = None) -> list[Chain]:
+        """Every valid manifest's chain; `on_invalid(path)` for each file that is not one (they
+        are skipped; `sweep` removes them)."""
+        chains = []
+        for path, chain in self.manifests():
+            if chain is not None:
+                chains.append(chain)
+            elif on_invalid is not None:
+                on_invalid(path)
+        return chains
 
     def save(self, chain: Chain) -> None:
         """Write a manifest atomically (call under the store's lock)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{chain.id}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
@@ -142,14 +201,7 @@ class ChainIndex:
         remove_stale_temp_files(self.store.temp_files() + list(self.dir.glob(".*.tmp")))
         if self.disk_bytes() + incoming <= max_bytes:
             return True
-        for path in self.dir.glob("*.json") if self.dir.is_dir() else []:
-            if self.load(path.stem) is None:
-                path.unlink(missing_ok=True)
-        chains = self.all()
-        referenced = {key for c in chains for key in c.blocks} | keep
-        for key, _, _ in list(self.store.files()):
-            if key is not None and key not in referenced:
-                self.store.remove(key)
+        chains = self.sweep(keep=keep)
         total = self.disk_bytes()
         remaining = sorted(chains, key=lambda c: c.last_used)
         for chain in list(remaining):
@@ -160,6 +212,24 @@ class ChainIndex:
             remaining.remove(chain)
             total -= self.remove(chain, others=remaining, keep=keep)
         return total + incoming <= max_bytes
+
+    def sweep(self, *, keep: frozenset[str] = frozenset()) -> list[Chain]:
+        """Remove what no valid manifest holds: invalid manifests (damaged, of an older format),
+        blocks no chain (nor `keep`) uses, and stale temporary files of the secret and token ids.
+        Returns the valid chains. (Call under the lock.)"""
+        root = self.store.root
+        remove_stale_temp_files([*root.glob(".*.tmp"), *(root / "tokens").glob(".*.tmp")])
+        chains = []
+        for path, chain in self.manifests():
+            if chain is not None:
+                chains.append(chain)
+            elif path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+        referenced = {key for c in chains for key in c.blocks} | keep
+        for key, _, _ in list(self.store.files()):
+            if key is not None and key not in referenced:
+                self.store.remove(key)
+        return chains
 
     def counts(self) -> Counter:
         """How many chains use each block key."""

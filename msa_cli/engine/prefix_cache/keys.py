@@ -14,10 +14,13 @@ import sys
 from array import array
 from dataclasses import dataclass
 
+from .secret import keyed_name
+
 # Bump when the layout of a block file (its tensors or metadata) changes: old files are then
 # never looked up (the root key changes) and refused if met (their metadata says so).
 # 3: block summaries in two frames (keys as stored, and rotated back to position 0).
-FORMAT_VERSION = 3
+# 4: files named by a keyed hash of the content key (secret.py); manifests checked by a schema.
+FORMAT_VERSION = 4
 
 
 def _sha256(text: str) -> str:
@@ -59,6 +62,11 @@ class BlockKey:
     key: str  # 64 hex digits
     index: int  # block number: tokens [index * block_size, index * block_size + tokens)
     tokens: int  # block_size, or fewer for the context's last, partial block
+
+
+def keyed_block_keys(secret: bytes, keys: list[BlockKey]) -> list[BlockKey]:
+    """`keys` renamed by the cache's secret (secret.py): what names their files on disk."""
+    return [BlockKey(keyed_name(secret, bytes.fromhex(k.key)), k.index, k.tokens) for k in keys]
 
 
 def block_keys(root: str, ids: list[int], block_size: int) -> list[BlockKey]:

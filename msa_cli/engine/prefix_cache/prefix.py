@@ -9,6 +9,7 @@ and its tokens are recomputed: the answer is the same as with no cache.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from .chains import Chain, ChainIndex
 from .errors import CacheBusyError
-from .keys import block_keys, identity_hash
+from .keys import block_keys, identity_hash, keyed_block_keys
+from .names import CHAIN_ID_HEX
+from .secret import SECRET_BYTES, cache_secret
 from .sizes import DEFAULT_MAX_BYTES, format_size
 from .store import BadBlock, BlockStore
 
@@ -46,23 +49,33 @@ class PrefixCache:
         source: str,
         model: str,
         note: Callable[[str], None] = lambda message: None,
+        chunk_tokens: int | None = None,
     ):
         self.options = options
         self.store = BlockStore(options.root)
         self.index = ChainIndex(self.store)
+        self.source, self.model, self.note = source, model, note
+        self._saving = not options.read_only
         self.identity = identity_hash(identity)
-        self.keys = block_keys(self.identity, context, block_size)
+        # files are named under the cache's secret; without one (a new cache read-only, or one
+        # that cannot be written) nothing is stored under any name this process could make
+        secret = self._guard(cache_secret, options.root, create=self._saving)
+        self.keys = keyed_block_keys(
+            secret or os.urandom(SECRET_BYTES), block_keys(self.identity, context, block_size)
+        )
         self.block_size = block_size
         self.context_tokens = len(context)
-        self.chain_id = self.keys[-1].key[:16]
-        self.source, self.model, self.note = source, model, note
+        self.chain_id = self.keys[-1].key[:CHAIN_ID_HEX]
+        # the prefill's chunk grid (None: no grid): a bad block is recomputed from the start of
+        # the chunk that first computed it, so its K/V come out as that fill's, bit for bit
+        self.chunk_blocks = max(1, (chunk_tokens or block_size) // block_size)
         self._done = 0  # blocks [0, _done) are restored or saved
-        self._saving = not options.read_only
         self._keep = frozenset(k.key for k in self.keys)
 
     def restore(self, kv) -> int:
         """Import the stored blocks of the context into `kv` (empty); returns the tokens
-        restored."""
+        restored. A bad block is dropped, and the blocks before it back to the start of its
+        prefill chunk are given up too: the chunk is computed again, whole, as it first was."""
         for bk in self.keys:
             try:
                 tensors = self.store.read(bk.key, identity=self.identity, tokens=bk.tokens)
@@ -73,6 +86,8 @@ class PrefixCache:
                 except (ValueError, RuntimeError, KeyError, IndexError):
                     raise BadBlock("does not fit this model's KV cache") from None
             except BadBlock as bad:
+                self._done = bk.index - bk.index % self.chunk_blocks
+                kv.truncate(self._done * self.block_size)
                 self._drop(bk, str(bad))
                 break
             self._done += 1
@@ -133,8 +148,9 @@ class PrefixCache:
         return False
 
     def _write_manifest(self) -> None:
-        """Mark this chain used now, writing its manifest if it has none (under the lock)."""
-        chain = self.index.load(self.chain_id) or Chain(
+        """Mark this chain used now, writing its manifest if it has none, or one that is not
+        this chain's (damaged in a way its schema cannot tell) (under the lock)."""
+        ours = Chain(
             id=self.chain_id,
             identity=self.identity,
             model=self.model,
@@ -143,8 +159,11 @@ class PrefixCache:
             block_size=self.block_size,
             blocks=[k.key for k in self.keys],
         )
-        chain.source, chain.last_used = self.source, time.time()
-        self.index.save(chain)
+        chain = self.index.load(self.chain_id)
+        same = chain is not None and _what_it_holds(chain) == _what_it_holds(ours)
+        if same:
+            chain.source, chain.last_used = self.source, time.time()
+        self.index.save(chain if same else ours)
 
     def _mark_used(self) -> bool:
         with self.store.lock():
@@ -182,7 +201,6 @@ class PrefixCache:
             return None
 
     def _drop(self, bk, reason: str) -> None:
-        start = bk.index * self.block_size
         if self.options.read_only:
             action = "ignored (--cache-ro)"
         else:
@@ -192,6 +210,10 @@ class PrefixCache:
             except OSError:
                 action = "could not drop it"
         self.note(
-            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing from token "
-            f"{start:,}"
+            f"cache: block {bk.index} of {self.source} {reason}: {action}, recomputing blocks "
+            f"{self._done}-{self.keys[-1].index} from token {self._done * self.block_size:,}"
         )
+
+
+def _what_it_holds(chain: Chain) -> tuple:
+    return chain.identity, chain.tokens, chain.block_size, chain.blocks

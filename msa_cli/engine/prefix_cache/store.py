@@ -5,11 +5,13 @@ Layout under the prefix cache's folder:
     blocks/<key[:2]>/<key>.safetensors   one block: every tensor the KV cache exported for it,
                                          with metadata (format, identity, key, tokens, checksum)
     lock                                 the store's file lock (manifests, eviction, removal)
+    secret                               what keys are keyed by (secret.py)
 
-A block is written to a temporary file in its own folder, fsynced, then renamed over its final
-name: a reader sees the whole file or none. Block files are named by content (their key), so two
-processes writing the same block write the same bytes and need no lock; the lock guards what
-must be read and changed together (chain manifests and eviction, see chains.py).
+A key here is the keyed name of a block's content key (keys.py, secret.py). A block is written
+to a temporary file in its own folder, fsynced, then renamed over its final name: a reader sees
+the whole file or none. Block files are named by content, so two processes writing the same
+block write the same bytes and need no lock; the lock guards what must be read and changed
+together (chain manifests and eviction, see chains.py). Folders are 0700, files 0600.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import filelock
 import xxhash
 
 from msa.models.atomic_write import write_atomically
+from msa.models.private_files import FILE_MODE, private_dir
 
 from .errors import CacheBusyError
 from .keys import FORMAT_VERSION
+from .names import is_block_key
 
 LOCK_TIMEOUT_S = 60.0
 STALE_TEMP_S = 600.0  # a temporary file this old was left by a killed writer
@@ -56,6 +60,8 @@ class BlockStore:
         self.blocks_dir = self.root / "blocks"
 
     def path(self, key: str) -> Path:
+        if not is_block_key(key):
+            raise ValueError(f"{key!r} is not a block key")
         return self.blocks_dir / key[:2] / f"{key}{_SUFFIX}"
 
     def exists(self, key: str) -> bool:
@@ -70,8 +76,9 @@ class BlockStore:
     @contextlib.contextmanager
     def lock(self, timeout: float = LOCK_TIMEOUT_S):
         """Hold the store's lock (a file lock: released by the OS if its holder dies)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(self.root / "lock", timeout=timeout)
+        private_dir(self.blocks_dir)  # and the cache's root: made private, or tightened
+        private_dir(self.root)
+        lock = filelock.FileLock(self.root / "lock", timeout=timeout, mode=FILE_MODE)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -103,6 +110,8 @@ class BlockStore:
         def save(tmp: Path) -> None:
             try:
                 save_file(tensors, str(tmp), metadata=metadata)
+            except OSError:
+                raise
             except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as its own error
                 raise OSError(f"writing a block failed: {e}") from e
 
@@ -133,8 +142,11 @@ class BlockStore:
         return tensors
 
     def remove(self, key: str) -> int:
-        """Delete block `key`; returns the bytes freed (0 if it was not there)."""
+        """Delete block `key`; returns the bytes freed (0 if it was not there, or if its folder
+        is a link that could lead out of the cache)."""
         path = self.path(key)
+        if path.parent.is_symlink():
+            return 0
         try:
             size = path.stat().st_size
             path.unlink()
@@ -143,28 +155,27 @@ class BlockStore:
         return size
 
     def files(self) -> Iterator[tuple[str | None, Path, int]]:
-        """(key, path, size) of every file under blocks/; key is None for temporary files."""
+        """(key, path, size) of every file under blocks/: its key for a block file, None for
+        anything else (temporary files, stray names). Links are not followed."""
         try:
-            folders = list(self.blocks_dir.iterdir())
-        except FileNotFoundError:
+            folders = [f for f in os.scandir(self.blocks_dir) if f.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
             return
         for folder in folders:
             try:
-                entries = list(os.scandir(folder))
+                entries = list(os.scandir(folder.path))
             except (FileNotFoundError, NotADirectoryError):  # removed meanwhile (`msa cache clear`)
                 continue
             for entry in entries:
                 try:
-                    size = entry.stat().st_size
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    size = entry.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
                     continue
-                name = entry.name
-                key = (
-                    name[: -len(_SUFFIX)]
-                    if name.endswith(_SUFFIX) and not name.startswith(".")
-                    else None
-                )
-                yield key, Path(entry.path), size
+                key = entry.name.removesuffix(_SUFFIX)
+                named = entry.name.endswith(_SUFFIX) and key[:2] == folder.name
+                yield (key if named and is_block_key(key) else None), Path(entry.path), size
 
     def temp_files(self) -> list[Path]:
         return [path for key, path, _ in self.files() if key is None]

@@ -5,8 +5,9 @@ at 1M tokens). The ids are kept beside the K/V blocks, one file per (tokenizer, 
 
     tokens/<key>.safetensors    "ids" int32 [n], metadata: format, tokenizer, checksum
 
-named by a hash of the tokenizer's digest and the text, and checked against a checksum of the
-ids when read: a damaged file is removed and the text tokenized again, never trusted. Only
+named by a hash of the tokenizer's digest and the text, keyed by the cache's secret, and checked
+against a checksum of the ids when read: a damaged file is removed and the text tokenized
+again, never trusted. Only
 texts of at least MIN_CHARS are kept (shorter ones tokenize in milliseconds), and only the
 MAX_FILES most recently used (4 bytes per token: 4 MB for a 1M-token document).
 """
@@ -22,9 +23,10 @@ from pathlib import Path
 
 from msa.models.atomic_write import write_atomically
 
+from .secret import cache_secret
 from .store import checksum
 
-FORMAT = "1"
+FORMAT = "2"  # 2: files named under the cache's secret
 MIN_CHARS = 64 * 1024
 MAX_FILES = 64
 
@@ -40,9 +42,14 @@ class TokenMemo:
         whether they were remembered."""
         if len(text) < MIN_CHARS:
             return tokenize(text), False
-        h = hashlib.blake2b(
-            digest_size=16
-        )  # cryptographic: a crafted text cannot take another's ids
+        try:
+            secret = cache_secret(self.dir.parent, create=not self.read_only)
+        except OSError:  # a cache that cannot be written only costs the memo
+            secret = None
+        if secret is None:
+            return tokenize(text), False
+        # keyed (secret.py), and cryptographic: a crafted text cannot take another's ids
+        h = hashlib.blake2b(digest_size=16, key=secret)
         h.update(self.tokenizer.encode())
         h.update(b"\0")
         h.update(text.encode("utf-8", "surrogatepass"))
