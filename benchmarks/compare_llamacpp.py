@@ -14,8 +14,8 @@ spinning while they wait for each other).
 Each run is its own process, so peak memory is that run's alone and no engine warms the other's
 caches. llama.cpp runs twice per length, flash attention off and on; the ratios compare msa with
 the faster of the two. msa runs with its default attention (dense for the first 1,024 tokens,
-MSA block selection after) and the weights given by --msa: int4 (the GGUF's own Q4_1 blocks,
-what llama.cpp computes with), int8, fp32 or bf16.
+MSA block selection after) and the weights given by --msa: file (the default: each tensor as
+the GGUF stores it, the blocks llama.cpp computes with), int4, int8, fp32 or bf16.
 
 llama.cpp comes from llama-cpp-python in a virtual environment of its own (--venv), built with
 --install (it compiles llama.cpp for this CPU: 10 minutes or more, so never in CI):
@@ -76,7 +76,7 @@ def msa_worker(job: dict) -> dict:
     from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])
-    quant = job["weights"] if job["weights"] in ("int8", "int4") else "none"
+    quant = {"file": None, "int8": "int8", "int4": "int4"}.get(job["weights"], "none")
     dtype = job["weights"] if job["weights"] in ("fp32", "bf16") else "fp32"
     loaded = load_model(
         job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype
@@ -157,7 +157,10 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32, help="tokens decoded after each prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--msa", default="int4", help="msa weights to run, comma-separated: int4, int8, fp32, bf16"
+        "--msa",
+        default="file",
+        help="msa weights to run, comma-separated: file (as the GGUF stores them), int4, int8, "
+        "fp32, bf16",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
