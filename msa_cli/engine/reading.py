@@ -63,7 +63,10 @@ def token_memo(loaded, options: CacheOptions | None) -> TokenMemo | None:
     """The prefix cache's memory of long documents' token ids (None without a prefix cache)."""
     if options is None:
         return None
-    return TokenMemo(options.root, loaded.tokenizer.digest, read_only=options.read_only)
+    # documents are tokenized as plain text (special tokens' strings as characters): ids kept
+    # before that was so are not theirs
+    plain_text = f"{loaded.tokenizer.digest}:plain-text"
+    return TokenMemo(options.root, plain_text, read_only=options.read_only)
 
 
 def attention_identity(cache) -> dict:
