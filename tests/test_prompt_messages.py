@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from msa.engine.prompt import build_prompt, prompt_from_messages, split_user_message, user_message
+from msa.engine.prompt import (
+    build_prompt,
+    next_turn,
+    prompt_from_messages,
+    split_user_message,
+    user_message,
+)
 from msa.models.errors import InputError
 
 pytestmark = pytest.mark.slow
@@ -137,3 +143,31 @@ def test_special_token_strings_in_a_servers_messages_are_plain_text(embedded):
     prompt = prompt_from_messages(tok, carried)
     assert special_ids_in(tok, prompt.document) == []
     assert special_ids_in(tok, prompt.ids) == special_ids_in(tok, build_prompt(tok, "", "Who?").ids)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "What does \u2063msa-document\u2063 mean?",  # the placeholder the prompt once used
+        "And \u2063msa0\u2063 or \u2063msa#1\u2063?",  # what the markers look like now
+    ],
+)
+def test_a_question_holding_a_placeholder_is_asked_as_written(embedded, question):
+    tok = embedded.tokenizer
+    prompt = build_prompt(tok, DOC, question)
+    message = [{"role": "user", "content": user_message(DOC, question)}]
+    assert text_of(tok, prompt.ids) == tok.template.render(message)
+    served = prompt_from_messages(tok, message)
+    assert served.ids == prompt.ids
+    turn, _ = next_turn(tok, question)
+    assert text_of(tok, turn).count(question) == 1
+
+
+def test_an_empty_question_is_refused_by_the_library(embedded):
+    from msa.engine import Session
+    from msa.engine.documents import Document
+
+    session = Session(embedded, Document("doc.txt", DOC))
+    for question in ["", " \n\t "]:
+        with pytest.raises(InputError, match="the question is empty"):
+            session.ask(question)

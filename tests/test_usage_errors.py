@@ -27,6 +27,11 @@ EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "harbor-town
             "msa: error: No such option: --no-such-option* (msa ask --help)",
         ),
         (["ask"], "msa: error: Missing argument *PATH... QUESTION* (msa ask --help)"),
+        (["ask", EXAMPLE, ""], "msa: error: QUESTION: the question is empty (msa ask --help)"),
+        (
+            ["ask", EXAMPLE, " \n\t "],
+            "msa: error: QUESTION: the question is empty (msa ask --help)",
+        ),
         (
             ["ask", EXAMPLE, "q", "--attention", "sparse"],
             "msa: error: --attention: 'sparse' is not one of auto, dense, msa (msa ask --help)",

@@ -100,6 +100,8 @@ def ask(
             "give at least one PATH and a QUESTION", param_hint="PATH... QUESTION"
         )
     paths, question = args[:-1], args[-1]
+    if not question.strip():  # the model would answer a question of its own invention
+        raise typer.BadParameter("the question is empty", param_hint="QUESTION")
     check_top_p(top_p)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     check_precision(quant, dtype)

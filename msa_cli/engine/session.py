@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterator
 
-from msa.models.errors import InputTooLongError
+from msa.models.errors import InputError, InputTooLongError
 
 from . import generate
 from .documents import Context, Document
@@ -74,6 +74,8 @@ class Session:
 
     def ask(self, question: str, *, max_tokens: int | None = None) -> Iterator[Event]:
         """Answer `question` about the documents (and the turns before it)."""
+        if not question.strip():
+            raise InputError("the question is empty")
         tok, system = self.loaded.tokenizer, self.settings.system
         if self.answers:
             tail, question_at = next_turn(tok, question, system=system)
