@@ -50,7 +50,7 @@ SKIPPED = {
     "gemma3": r"^(model\.)?(vision_tower|multi_modal_projector)\.",
     "minimax_m3_vl": r"^(vision_tower|multi_modal_projector|patch_merge_mlp)\.|(^|\.)mtp\.",
 }
-_LAYER = re.compile(r"^layers\.(\d+)\.")
+LAYER_NAME = re.compile(r"^layers\.(\d+)\.")
 
 
 def our_name(model_type: str, key: str) -> str:
@@ -71,7 +71,7 @@ def _read_weights(
         with safe_open(str(f), "pt") as st:  # memory-mapped: one tensor at a time
             for key in st.keys():
                 name = our_name(model_type, key)
-                layer = _LAYER.match(name)
+                layer = LAYER_NAME.match(name)
                 if (skip and skip.search(key)) or (
                     layer and int(layer.group(1)) >= config.num_hidden_layers
                 ):
