@@ -147,6 +147,7 @@ def ask(
 
 def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> None:
     from .output import answer_figures, drawn, note, reading_summary, write_stdout
+    from .visible import visible
 
     def summary(reading) -> None:
         long = reading.joined or reading.prefill_tokens >= LONG_READ_TOKENS
@@ -189,4 +190,4 @@ def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> 
     else:
         write_stdout("\n")
         if found is not None:
-            write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in found))
+            write_stdout("\nSources:\n" + "".join(f"  {visible(s.line())}\n" for s in found))
