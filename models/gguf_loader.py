@@ -66,7 +66,8 @@ def _tokenizer_from_metadata(header: GgufHeader) -> tuple[str, dict]:
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - `tokenizers` reports a bad vocabulary as Exception
-        raise ModelError(f"the GGUF file's vocabulary cannot be read ({e})") from None
+        reason = " ".join(str(e).split())  # its messages run over several lines
+        raise ModelError(f"the GGUF file's vocabulary cannot be read ({reason})") from None
     return vocab.tokenizer.to_str(), vocab.meta()
 
 
