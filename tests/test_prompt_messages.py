@@ -163,6 +163,21 @@ def test_a_question_holding_a_placeholder_is_asked_as_written(embedded, question
     assert text_of(tok, turn).count(question) == 1
 
 
+def test_an_empty_last_message_is_refused(embedded):
+    tok = embedded.tokenizer
+    for messages in [
+        [{"role": "user", "content": " \n"}],
+        [{"role": "user", "content": user_message(DOC, "  ")}],
+        [
+            {"role": "user", "content": user_message(DOC, QUESTION)},
+            {"role": "assistant", "content": "Tobias Wren."},
+            {"role": "user", "content": ""},
+        ],
+    ]:
+        with pytest.raises(InputError, match="^the question is empty$"):
+            prompt_from_messages(tok, messages)
+
+
 def test_an_empty_question_is_refused_by_the_library(embedded):
     from msa.engine import Session
     from msa.engine.documents import Document

@@ -99,6 +99,9 @@ def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prom
         raise InputError("a conversation needs a user message")
     last = messages[users[-1]]
     carried = split_user_message(messages[users[0]]["content"])
+    question = carried[1] if carried is not None and len(users) == 1 else last["content"]
+    if not question.strip():  # the model would answer a question of its own invention
+        raise InputError("the question is empty")
     if carried is not None:
         messages[users[0]]["content"] = _user_parts(*carried)
         if len(users) > 1:
