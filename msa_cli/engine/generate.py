@@ -73,9 +73,10 @@ def new_cache(
 
 def _within_blocks(attention: AttentionSettings, capacity: int, config) -> AttentionSettings:
     blocks = max(1, -(-capacity // (attention.block_size or config.kv_block_size)))
+    topk = attention.topk
     return dataclasses.replace(
         attention,
-        topk=min(attention.topk, blocks),
+        topk=topk if topk is None else min(topk, blocks),  # None: the model's own (small) one
         local_blocks=min(attention.local_blocks, blocks),
     )
 
