@@ -22,7 +22,7 @@ from .config import ModelConfig
 from .digests import file_digest, memo_dir
 from .disk_space import check_free_space
 from .errors import ModelError, disk_error
-from .gguf_config import hf_config_dict
+from .gguf_config import check_against_tensors, hf_config_dict
 from .gguf_header import GgufHeader, read_header, read_tensor
 from .gguf_tensors import (
     check_types,
@@ -41,7 +41,10 @@ INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (
 
 
 def _config(hf_config: dict) -> ModelConfig:
-    return config_class(hf_config["model_type"]).from_dict(hf_config)
+    try:
+        return config_class(hf_config["model_type"]).from_dict(hf_config)
+    except (TypeError, ValueError) as e:  # the config's own checks (heads by KV heads, ...)
+        raise ModelError(f"the GGUF file's metadata: {e}") from None
 
 
 def _hf_config(header: GgufHeader) -> dict:
@@ -50,14 +53,22 @@ def _hf_config(header: GgufHeader) -> dict:
     def read_floats(name: str) -> list[float]:
         return np.asarray(read_tensor(header, name), dtype=np.float32).ravel().tolist()
 
-    return hf_config_dict(header.fields.get, tensors, read_floats)
+    d = hf_config_dict(header.fields.get, tensors, read_floats)
+    check_against_tensors(d, header.fields["general.architecture"], tensors)
+    return d
 
 
 def _tokenizer_from_metadata(header: GgufHeader) -> tuple[str, dict]:
     """The tokenizer.json text, and the meta.json entries of the prompt (gguf_vocab.py)."""
-    vocab = vocab_from_metadata(
-        {k: v for k, v in header.fields.items() if k.startswith("tokenizer.")}
-    )
+    try:
+        vocab = vocab_from_metadata(
+            {k: v for k, v in header.fields.items() if k.startswith("tokenizer.")}
+        )
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - `tokenizers` reports a bad vocabulary as Exception
+        reason = " ".join(str(e).split())  # its messages run over several lines
+        raise ModelError(f"the GGUF file's vocabulary cannot be read ({reason})") from None
     return vocab.tokenizer.to_str(), vocab.meta()
 
 

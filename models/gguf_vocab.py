@@ -78,11 +78,11 @@ class GgufVocab:
 def vocab_from_metadata(fields: Mapping[str, object]) -> GgufVocab:
     """The vocabulary and prompt settings from `tokenizer.*` metadata (key -> decoded value)."""
     kind = fields.get("tokenizer.ggml.model")
-    tokens = list(fields.get("tokenizer.ggml.tokens") or [])
+    tokens = _list_of(fields, "tokens", str)
     if not tokens:
         raise ModelError("the GGUF file has no vocabulary (tokenizer.ggml.tokens)")
-    types = list(fields.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    scores = list(fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    types = _list_of(fields, "token_type", int) or [1] * len(tokens)
+    scores = _list_of(fields, "scores", (int, float)) or [0.0] * len(tokens)
     if len(types) < len(tokens) or len(scores) < len(tokens):
         raise ModelError(
             f"the GGUF vocabulary has {len(tokens)} tokens but {len(types)} token types and "
@@ -94,7 +94,7 @@ def vocab_from_metadata(fields: Mapping[str, object]) -> GgufVocab:
         default_bos, default_eos, default_add_bos = 1, 2, True
     elif kind == "gpt2":
         pre = str(fields.get("tokenizer.ggml.pre") or "default")
-        merges = list(fields.get("tokenizer.ggml.merges") or [])
+        merges = _list_of(fields, "merges", str)
         tokenizer = byte_level_tokenizer(tokens, merges, types, pre)
         default_bos = default_eos = 11
         default_add_bos = PRE_TOKENIZERS[pre].add_bos
@@ -106,7 +106,9 @@ def vocab_from_metadata(fields: Mapping[str, object]) -> GgufVocab:
 
     def token_id(key: str, default: int | None = None) -> int | None:
         value = fields.get(f"tokenizer.ggml.{key}")
-        value = default if value is None else int(value)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelError(f"GGUF tokenizer.ggml.{key} is {value!r}, not a token id")
+        value = default if value is None else value
         return value if value is not None and 0 <= value < len(tokens) else None
 
     by_text = {t: i for i, t in enumerate(tokens)}
@@ -125,6 +127,21 @@ def vocab_from_metadata(fields: Mapping[str, object]) -> GgufVocab:
         add_bos=bool(default_add_bos if add_bos is None else add_bos) and bos is not None,
         stop_ids=stop_ids,
     )
+
+
+def _list_of(fields: Mapping[str, object], key: str, kind) -> list:
+    """`tokenizer.ggml.{key}`, a list of `kind` values ([] when absent)."""
+    value = fields.get(f"tokenizer.ggml.{key}")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(v, kind) and not isinstance(v, bool) for v in value
+    ):
+        raise ModelError(f"GGUF tokenizer.ggml.{key} is not a list of {_KIND_NAMES[kind]}")
+    return value
+
+
+_KIND_NAMES = {str: "strings", int: "whole numbers", (int, float): "numbers"}
 
 
 def sentencepiece_tokenizer(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .architectures import ARCHITECTURES, config_class
 from .checkpoint import Checkpoint
+from .config_values import check_config_values, check_shapes
 from .digests import file_digest
 from .errors import ModelError
 from .fp8 import dequantize_fp8
@@ -50,7 +51,7 @@ SKIPPED = {
     "gemma3": r"^(model\.)?(vision_tower|multi_modal_projector)\.",
     "minimax_m3_vl": r"^(vision_tower|multi_modal_projector|patch_merge_mlp)\.|(^|\.)mtp\.",
 }
-_LAYER = re.compile(r"^layers\.(\d+)\.")
+LAYER_NAME = re.compile(r"^layers\.(\d+)\.")
 
 
 def our_name(model_type: str, key: str) -> str:
@@ -63,21 +64,24 @@ def _read_weights(
     files: list[Path], model_type: str, config, block: tuple[int, int]
 ) -> tuple[dict, list[str]]:
     """Weights by our names, FP8 ones dequantized; and the checkpoint keys skipped."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     skip = re.compile(SKIPPED[model_type]) if model_type in SKIPPED else None
     raw, skipped = {}, []
     for f in files:
-        with safe_open(str(f), "pt") as st:  # memory-mapped: one tensor at a time
-            for key in st.keys():
-                name = our_name(model_type, key)
-                layer = _LAYER.match(name)
-                if (skip and skip.search(key)) or (
-                    layer and int(layer.group(1)) >= config.num_hidden_layers
-                ):
-                    skipped.append(key)  # MTP layers sit past the last decoder layer
-                    continue
-                raw[name] = st.get_tensor(key)
+        try:
+            with safe_open(str(f), "pt") as st:  # memory-mapped: one tensor at a time
+                for key in st.keys():
+                    name = our_name(model_type, key)
+                    layer = LAYER_NAME.match(name)
+                    if (skip and skip.search(key)) or (
+                        layer and int(layer.group(1)) >= config.num_hidden_layers
+                    ):
+                        skipped.append(key)  # MTP layers sit past the last decoder layer
+                        continue
+                    raw[name] = st.get_tensor(key)
+        except (SafetensorError, OSError) as e:
+            raise ModelError(f"{f} is not a readable safetensors file ({e})") from None
     weights = {}
     for name, t in raw.items():
         if name.endswith(".weight_scale_inv"):
@@ -112,6 +116,9 @@ def load_hf_dir(
 ) -> Checkpoint:
     folder = Path(folder)
     raw = _read_json(folder / "config.json")
+    if not isinstance(raw, dict):
+        raise ModelError(f"{folder}/config.json is not a JSON object")
+    check_config_values(raw, f"{folder}/config.json")
     model_type = raw.get("model_type")
     if model_type not in ARCHITECTURES:
         raise ModelError(
@@ -135,6 +142,7 @@ def load_hf_dir(
     for f in files:
         digest.update(file_digest(f, digest_memo).encode())
     weights, skipped = _read_weights(files, model_type, config, block)
+    check_shapes(config, weights, str(folder))
     if model_type in SPLITS:
         weights = SPLITS[model_type](config, weights)
     tok_config = _read_json(folder / "tokenizer_config.json")

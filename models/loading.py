@@ -14,7 +14,7 @@ from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
 from .gguf_loader import load_gguf
-from .hf_loader import load_hf_dir
+from .hf_loader import LAYER_NAME, load_hf_dir
 from .llama import Transformer
 from .msa_defaults import calibration_path, read_calibration
 from .prefill_copy import prefill_copies, prefill_copy_dtype
@@ -65,6 +65,7 @@ def build_model(
     """The model of `ckpt` in `dtype`, quantized to `quant` if given (weights already quantized
     in `ckpt` stay as they are), with its projections fused for speed unless `fuse` is False.
     Quantized weights move into the model: `ckpt.weights` is emptied (no second copy held)."""
+    _check_layer_count(ckpt)
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
     blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
@@ -76,6 +77,17 @@ def build_model(
     state = quantize_state(model, ckpt.weights, quant) if quant else ckpt.weights
     ckpt.weights = {}
     return _build_quantized(model, state, ckpt, dtype, fuse)
+
+
+def _check_layer_count(ckpt: Checkpoint) -> None:
+    """The model is built before its weights are copied in: a config or GGUF header that claims
+    more layers than the weights hold (a damaged file: 2^40 of them) would be built first."""
+    held = {int(m.group(1)) for name in ckpt.weights if (m := LAYER_NAME.match(name))}
+    claimed = ckpt.config.num_hidden_layers
+    if claimed > len(held):
+        raise ModelError(
+            f"{ckpt.source}: its config says {claimed:,} layers, but its weights hold {len(held):,}"
+        )
 
 
 def _build_quantized(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -12,6 +13,7 @@ import jinja2.sandbox
 from tokenizers import Tokenizer, decoders
 
 from .errors import ModelError
+from .template_parts import Part, render_parts
 
 # The prompt of a model without a chat template (a base model): its messages one after the other,
 # each answer after "Answer:", which also cues the next one.
@@ -54,6 +56,7 @@ class ChatTemplate:
         return "a plain document-then-question prompt (the model has no chat template)"
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt's text, messages' text included (their `content` strings)."""
         if self.source:
             text = self._render_template(messages, add_generation_prompt)
         else:
@@ -81,6 +84,11 @@ class ChatTemplate:
             eos_token=self.eos_token,
         )
 
+    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True) -> list[Part]:
+        """The prompt as the template's own text and the messages' text, apart (`template_parts`):
+        a message's `content` is a string or a list of `Part`s."""
+        return render_parts(lambda m: self.render(m, add_generation_prompt), messages)
+
 
 def _plain_prompt(messages: list[dict], add_generation_prompt: bool) -> str:
     turns = [
@@ -91,7 +99,9 @@ def _plain_prompt(messages: list[dict], add_generation_prompt: bool) -> str:
 
 
 class TextTokenizer:
-    """Encode and decode text; special tokens such as <|im_start|> are parsed as themselves."""
+    """Encode and decode text. `encode` reads special tokens such as <|im_start|> as themselves
+    (for the template's own text); `encode_text` reads them as plain characters (for text from
+    documents and messages, which must never open or close a turn)."""
 
     def __init__(
         self,
@@ -105,6 +115,10 @@ class TextTokenizer:
         self.template = template
         self.eos_ids = eos_ids
         self._digest = digest
+        self._special_ids: set[int] | None = None
+        # `encode_special_tokens` is a setting of the one Tokenizer object (a copy takes ~2 s for
+        # a 262K vocabulary): encodes that change it hold this lock, so threads never mix modes
+        self._mode = threading.Lock()
 
     @classmethod
     def from_file(cls, path, template: ChatTemplate, eos_ids: list[int]) -> TextTokenizer:
@@ -122,7 +136,49 @@ class TextTokenizer:
         return self._digest
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """Template text: special tokens in it are read as such."""
+        with self._mode:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str):
+        """Document or message text: the `tokenizers` Encoding (ids and offsets), with special
+        tokens' strings read as the plain characters they are."""
+        with self._mode:
+            self.tokenizer.encode_special_tokens = True
+            try:
+                return self.tokenizer.encode(text, add_special_tokens=False)
+            finally:
+                self.tokenizer.encode_special_tokens = False
+
+    def encode_parts(self, parts: list[Part]) -> list[int]:
+        """Token ids of a prompt given as `ChatTemplate.render_parts` parts: special tokens where
+        the template's text has them, none from the messages' text. Each run of text between two
+        of the template's special tokens is encoded in one piece, as encoding the whole text
+        would, so a prompt whose messages hold no special token gets the same ids as `encode`."""
+        ids: list[int] = []
+        run: list[str] = []  # text since the last special token
+        for part in parts:
+            if not part.template:
+                run.append(part.text)
+                continue
+            with self._mode:
+                encoding = self.tokenizer.encode(part.text, add_special_tokens=False)
+            start = 0
+            for token, (begin, end) in zip(encoding.ids, encoding.offsets):
+                if token in self.special_ids:
+                    run.append(part.text[start:begin])
+                    ids += self.encode_text("".join(run)).ids
+                    ids.append(token)
+                    run, start = [], end
+            run.append(part.text[start:])
+        return ids + self.encode_text("".join(run)).ids
+
+    @property
+    def special_ids(self) -> set[int]:
+        if self._special_ids is None:
+            added = self.tokenizer.get_added_tokens_decoder()
+            self._special_ids = {i for i, token in added.items() if token.special}
+        return self._special_ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -131,7 +187,8 @@ class TextTokenizer:
         return StreamingDecoder(self.tokenizer)
 
     def to_json(self) -> str:
-        return self.tokenizer.to_str()
+        with self._mode:
+            return self.tokenizer.to_str()
 
 
 class StreamingDecoder:

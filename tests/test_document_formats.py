@@ -203,3 +203,56 @@ def test_a_source_names_its_page_and_a_block_across_two_pages_is_a_part_in_each(
     assert parts[1].as_json()["section"] == "page 2"
     later = _block_sources(0, 1.0, 4 + second_line + 3, prompt, context)  # a block inside page 1
     assert [(s.section, s.text) for s in later] == [("page 1", "[page 1]\none")]
+
+
+def test_a_pdf_pypdf_cannot_decode_is_skipped_from_a_directory(tmp_path, monkeypatch):
+    """pypdf's DependencyError (a JBIG2 image without jbig2dec) is no PyPdfError: it ended the
+    whole directory's reading."""
+    import pypdf
+    from pypdf.errors import DependencyError
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    write_pdf(root / "a.pdf", ["Readable."])
+    undecodable = write_pdf(root / "b.pdf", ["Not decodable."])
+    undecodable.write_bytes(undecodable.read_bytes() + b"%undecodable\n")
+    (root / "c.txt").write_text("plain text\n")
+    real = pypdf.PdfReader
+
+    def reader(stream, *args, **kwargs):
+        if b"%undecodable" in stream.getvalue():
+            raise DependencyError("jbig2dec binary is not available.")
+        return real(stream, *args, **kwargs)
+
+    monkeypatch.setattr(pypdf, "PdfReader", reader)
+    warnings: list[str] = []
+    context = read_context([str(root)], warn=warnings.append)
+    assert [f.path for f in context.files] == [str(root / "a.pdf"), str(root / "c.txt")]
+    assert warnings == [
+        f"skipped {root / 'b.pdf'}: not a readable PDF "
+        "(DependencyError: jbig2dec binary is not available.)"
+    ]
+
+
+def test_pypdf_never_runs_an_external_decoder(tmp_path, monkeypatch):
+    """Where jbig2dec is installed pypdf runs it on a JBIG2 image: not on msa's documents."""
+    import pypdf
+
+    if not hasattr(pypdf, "get_configuration"):
+        pytest.skip("pypdf < 7 keeps the decoder in a module global")
+    seen = []
+    real = pypdf.PdfReader
+
+    def reader(*args, **kwargs):
+        seen.append(pypdf.get_configuration().jbig2dec_binary)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pypdf, "PdfReader", reader)
+    before = pypdf.get_configuration()
+    pypdf.overwrite_configuration(jbig2dec_binary="/usr/bin/jbig2dec")  # as if installed
+    try:
+        read_document(str(write_pdf(tmp_path / "a.pdf", ["Text."])))
+        assert pypdf.get_configuration().jbig2dec_binary == "/usr/bin/jbig2dec"
+    finally:
+        pypdf.overwrite_configuration(before)
+    assert seen == [None]

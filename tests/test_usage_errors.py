@@ -27,6 +27,11 @@ EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "harbor-town
             "msa: error: No such option: --no-such-option* (msa ask --help)",
         ),
         (["ask"], "msa: error: Missing argument *PATH... QUESTION* (msa ask --help)"),
+        (["ask", EXAMPLE, ""], "msa: error: QUESTION: the question is empty (msa ask --help)"),
+        (
+            ["ask", EXAMPLE, " \n\t "],
+            "msa: error: QUESTION: the question is empty (msa ask --help)",
+        ),
         (
             ["ask", EXAMPLE, "q", "--attention", "sparse"],
             "msa: error: --attention: 'sparse' is not one of auto, dense, msa (msa ask --help)",
@@ -35,6 +40,40 @@ EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "harbor-town
             ["bench", "e2e", "--length", "x"],
             "msa: error: --length: 'x' is not a length (use e.g. 512, 2k, 1m) "
             "(msa bench e2e --help)",
+        ),
+        (["ask", EXAMPLE, "q", "-n", "0"], "msa: error: '--max-tokens' / '-n': * (msa ask --help)"),
+        (
+            ["ask", EXAMPLE, "q", "-n", "1000000000000"],
+            "msa: error: '--max-tokens' / '-n': *131072* (msa ask --help)",
+        ),
+        (
+            ["chat", EXAMPLE, "--seed", str(10**30)],
+            "msa: error: '--seed': *18446744073709551615* (msa chat --help)",
+        ),
+        (["ask", EXAMPLE, "q", "--seed", "-1"], "msa: error: '--seed': *0* (msa ask --help)"),
+        (
+            ["ask", EXAMPLE, "q", "--temperature", "nan"],
+            "msa: error: '--temperature': * (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--temperature", "inf"],
+            "msa: error: '--temperature': inf is not a finite number (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--top-p", "nan"],
+            "msa: error: '--top-p': * (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--block-size", "1000000000"],
+            "msa: error: '--block-size': *4096* (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--threads", "100000"],
+            "msa: error: '--threads' / '-t'*: *1024* (msa ask --help)",
+        ),
+        (
+            ["ask", EXAMPLE, "q", "--server", "http://x", "--timeout", "inf"],
+            "msa: error: '--timeout': inf is not a finite number (msa ask --help)",
         ),
         (["no-such-command"], "msa: error: No such command 'no-such-command'. (msa --help)"),
     ],

@@ -100,6 +100,8 @@ def ask(
             "give at least one PATH and a QUESTION", param_hint="PATH... QUESTION"
         )
     paths, question = args[:-1], args[-1]
+    if not question.strip():  # the model would answer a question of its own invention
+        raise typer.BadParameter("the question is empty", param_hint="QUESTION")
     check_top_p(top_p)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     check_precision(quant, dtype)
@@ -145,6 +147,7 @@ def ask(
 
 def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> None:
     from .output import answer_figures, drawn, note, reading_summary, write_stdout
+    from .visible import visible
 
     def summary(reading) -> None:
         long = reading.joined or reading.prefill_tokens >= LONG_READ_TOKENS
@@ -187,4 +190,4 @@ def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> 
     else:
         write_stdout("\n")
         if found is not None:
-            write_stdout("\nSources:\n" + "".join(f"  {s.line()}\n" for s in found))
+            write_stdout("\nSources:\n" + "".join(f"  {visible(s.line())}\n" for s in found))

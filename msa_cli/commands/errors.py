@@ -18,6 +18,8 @@ import typer.exceptions
 
 from msa.models.errors import DISK_ERRNOS, MsaError, disk_error
 
+from .visible import visible
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 success, 1 internal error, 2 usage, 3 input error, "
     "4 model missing or unknown, 5 input too long or out of memory, 6 server error (--server), "
@@ -27,7 +29,7 @@ EXIT_CODES_HELP = (
 
 def _say(message: str) -> None:
     sys.stdout.flush()
-    print(f"msa: error: {message}", file=sys.stderr, flush=True)
+    print(f"msa: error: {visible(message)}", file=sys.stderr, flush=True)
 
 
 # Click's exceptions, as the installed Typer raises them: Typer >= 0.20 carries its own copy of

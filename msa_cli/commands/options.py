@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
+
+from ..engine.limits import MAX_ANSWER_TOKENS, MAX_BLOCK_SIZE, MAX_SEED, MAX_THREADS
+
+
+def _finite(value: float | None) -> float | None:
+    """Click's float ranges let nan and inf through."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
 
 DEFAULT_MODEL = (
     "smollm2-135m"  # kept in step with msa.models.registry (not imported: --help stays instant)
@@ -23,6 +35,7 @@ ThreadsOption = typer.Option(
     envvar="MSA_THREADS",
     show_envvar=True,
     min=1,
+    max=MAX_THREADS,
     help="CPU threads. [default: all cores]",
 )
 CacheDirOption = typer.Option(
@@ -35,15 +48,30 @@ CacheDirOption = typer.Option(
 
 
 MaxTokensOption = typer.Option(
-    256, "--max-tokens", "-n", min=1, help="Stop an answer after this many tokens."
+    256,
+    "--max-tokens",
+    "-n",
+    min=1,
+    max=MAX_ANSWER_TOKENS,
+    help="Stop an answer after this many tokens.",
 )
 TemperatureOption = typer.Option(
-    0.0, "--temperature", min=0.0, help="0 picks the most likely token (greedy)."
+    0.0,
+    "--temperature",
+    min=0.0,
+    callback=_finite,
+    help="0 picks the most likely token (greedy).",
 )
 TopPOption = typer.Option(
-    1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with temperature > 0)."
+    1.0,
+    "--top-p",
+    min=0.0,
+    max=1.0,
+    help="Nucleus sampling mass (with temperature > 0).",
 )
-SeedOption = typer.Option(None, "--seed", help="Seed for sampling, for reproducible answers.")
+SeedOption = typer.Option(
+    None, "--seed", min=0, max=MAX_SEED, help="Seed for sampling, for reproducible answers."
+)
 SystemOption = typer.Option(
     None, "--system", help="A system prompt in place of the model's default."
 )
@@ -64,11 +92,16 @@ TopkOption = typer.Option(
     None,
     "--topk",
     min=1,
-    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent. "
-    "[default: the model's: `msa calibrate` measures it, else 8]",
+    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent "
+    "(more than the blocks there are reads them all). [default: the model's: `msa calibrate` "
+    "measures it, else 8]",
 )
 BlockSizeOption = typer.Option(
-    None, "--block-size", min=1, help="Tokens per KV block. [default: the model's, 64]"
+    None,
+    "--block-size",
+    min=1,
+    max=MAX_BLOCK_SIZE,
+    help="Tokens per KV block. [default: the model's, 64]",
 )
 LocalBlocksOption = typer.Option(
     1, "--local-blocks", min=1, help="Most recent blocks every token reads."
@@ -139,6 +172,7 @@ TimeoutOption = typer.Option(
     600.0,
     "--timeout",
     min=0.001,
+    callback=_finite,
     help="Seconds to wait for the --server to connect or to send its next bytes.",
 )
 

@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.text import Text
 
 from ..engine.read_speed import duration
+from .visible import visible
 
 if TYPE_CHECKING:
     from ..engine import Usage
@@ -107,8 +108,9 @@ def download_progress(folder: Path, total_bytes: int, *, enabled: bool, label: s
 
 
 def note(message: str) -> None:
-    """A line on stderr for the user ("msa: ..."), kept off stdout so that pipes stay clean."""
-    print(f"msa: {message}", file=sys.stderr, flush=True)
+    """A line on stderr for the user ("msa: ..."), kept off stdout so that pipes stay clean; what
+    it quotes of files (their names) cannot act on the terminal (`visible`)."""
+    print(f"msa: {visible(message)}", file=sys.stderr, flush=True)
 
 
 def quiet_or_note(quiet: bool):
@@ -139,6 +141,10 @@ def drawn(events, *, progress: bool, on_reading=None):
 
 
 def write_stdout(text: str) -> None:
+    """An answer's text (or sources): on a terminal, its control characters shown as escapes, as
+    a model may copy them from a document; a pipe gets the text as it is."""
+    if sys.stdout.isatty():
+        text = visible(text, keep="\n\t")
     sys.stdout.write(text)
     sys.stdout.flush()
 
@@ -185,6 +191,11 @@ def print_rows(rows: list[dict], json_out: bool, title: str) -> None:
     table = Table(title=title)
     for column in rows[0] if rows else []:
         table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, (int, float)) else str(v) for v in row.values()))
+    for row in rows:  # cells as Text: a "[bold]" in a file name is printed, not applied
+        table.add_row(
+            *(
+                Text(f"{v:,}" if isinstance(v, (int, float)) else visible(str(v)))
+                for v in row.values()
+            )
+        )
     Console().print(table)

@@ -15,6 +15,7 @@ from msa.models.private_files import private_file
 
 from ..engine.documents import Context
 from .output import write_stdout
+from .visible import visible
 
 if TYPE_CHECKING:
     from ..engine import Usage
@@ -61,12 +62,12 @@ class Conversation:
     def context_lines(self) -> str:
         lines = [f"{f.path}" for f in self.context.files]
         lines += [f"(skipped {path}: {reason})" for path, reason in self.context.skipped]
-        return "\n".join(lines)
+        return "\n".join(visible(line) for line in lines)
 
     def sources_lines(self) -> str:
         if not self.turns:
             return "no answer yet"
-        return "\n".join(s.line() for s in self.turns[-1].sources) or "no sources"
+        return "\n".join(visible(s.line()) for s in self.turns[-1].sources) or "no sources"
 
     def markdown(self) -> str:
         out = [

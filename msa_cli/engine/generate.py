@@ -8,6 +8,7 @@ queries' observer (`observer`, the sources' tracker).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import AttentionObserver
 from msa.models.kv_cache import KVCache, kv_bytes_per_token
 from msa.models.llama import Transformer
@@ -56,12 +58,26 @@ def new_cache(
     model: Transformer, *, capacity: int, attention=None, spill_dir: Path | None = None
 ) -> KVCache:
     """A K/V cache for `capacity` tokens under `attention` (AttentionSettings; None: defaults), in
-    memory or, when too large for it, in files under `spill_dir`."""
+    memory or, when too large for it, in files under `spill_dir`.
+
+    Its topk and local blocks are capped at the blocks `capacity` holds: no query reads more
+    blocks than there are, and a larger count only sized work and memory (a --topk of 100,000
+    asked for 29 GB). A query within `capacity` reads the same blocks either way."""
     dtype = model.embed_tokens.weight.dtype
     return model.new_cache(
         capacity=capacity,
-        settings=attention,
+        settings=_within_blocks(attention or AttentionSettings(), capacity, model.config),
         storage_dir=kv_storage_dir(model.config, dtype, capacity, spill_dir),
+    )
+
+
+def _within_blocks(attention: AttentionSettings, capacity: int, config) -> AttentionSettings:
+    blocks = max(1, -(-capacity // (attention.block_size or config.kv_block_size)))
+    topk = attention.topk
+    return dataclasses.replace(
+        attention,
+        topk=topk if topk is None else min(topk, blocks),  # None: the model's own (small) one
+        local_blocks=min(attention.local_blocks, blocks),
     )
 
 

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from msa.models.errors import InputError, ModelError
+from msa.models.template_parts import Part
 from msa.models.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from .prefix_cache.tokens import TokenMemo
 
-_DOCUMENT_SLOT = "\u2063msa-document\u2063"
-_ANSWER_SLOT = "\u2063msa-answer\u2063"
 # The document sits between tags so the model sees where it ends and the question begins.
 _USER_MESSAGE = (
     "Read this document, then answer the question after it.\n\n"
@@ -72,8 +71,18 @@ def build_prompt(
     """The prompt asking `question` about `document`; its ids come from `token_memo` (the prefix
     cache's) when it remembers them."""
     messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": user_message(_DOCUMENT_SLOT, question)})
-    return _around_document(tokenizer, messages, document, question, token_memo)
+    messages.append({"role": "user", "content": _user_parts(document, question)})
+    return _around_document(tokenizer, messages, token_memo)
+
+
+def _user_parts(document: str, question: str) -> list[Part]:
+    """`user_message(document, question)` in parts: the document and the question tagged."""
+    return [
+        Part(_BEFORE_DOCUMENT),
+        Part(document, tag="document"),
+        Part(_BETWEEN),
+        Part(question.strip(), tag="question"),
+    ]
 
 
 def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prompt:
@@ -88,48 +97,46 @@ def prompt_from_messages(tokenizer: TextTokenizer, messages: list[dict]) -> Prom
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise InputError("a conversation needs a user message")
-    question = messages[users[-1]]["content"]
+    last = messages[users[-1]]
     carried = split_user_message(messages[users[0]]["content"])
+    question = carried[1] if carried is not None and len(users) == 1 else last["content"]
+    if not question.strip():  # the model would answer a question of its own invention
+        raise InputError("the question is empty")
     if carried is not None:
-        document, first_question = carried
-        messages[users[0]]["content"] = user_message(_DOCUMENT_SLOT, first_question)
-        if len(users) == 1:
-            question = first_question
+        messages[users[0]]["content"] = _user_parts(*carried)
+        if len(users) > 1:
+            last["content"] = [Part(last["content"], tag="question")]
     else:
-        document = ""
-        messages[users[-1]]["content"] = _DOCUMENT_SLOT + question
-    return _around_document(tokenizer, messages, document, question)
+        last["content"] = [Part("", tag="document"), Part(last["content"], tag="question")]
+    return _around_document(tokenizer, messages)
 
 
 def _around_document(
-    tokenizer: TextTokenizer,
-    messages: list[dict],
-    document: str,
-    question: str,
-    token_memo: TokenMemo | None = None,
+    tokenizer: TextTokenizer, messages: list[dict], token_memo: TokenMemo | None = None
 ) -> Prompt:
-    """Render `messages` (one of which holds the document slot) and tokenize the document on its
-    own."""
-    text = tokenizer.template.render(messages, add_generation_prompt=True)
-    if text.count(_DOCUMENT_SLOT) != 1:
+    """Render `messages` (one of which holds the document part) and tokenize the document on its
+    own; the messages' text is read as plain text, never as special tokens."""
+    parts = tokenizer.template.render_parts(messages)
+    at = [i for i, part in enumerate(parts) if part.tag == "document"]
+    if len(at) != 1:
         raise ModelError("the model's chat template does not keep the user's message intact")
-    head, tail = text.split(_DOCUMENT_SLOT)
+    head, document, tail = parts[: at[0]], parts[at[0]].text, parts[at[0] + 1 :]
     encoding = None  # stays None when the token memo knew the ids
 
     def tokenize(text: str) -> list[int]:
         nonlocal encoding
-        encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+        encoding = tokenizer.encode_text(text)
         return list(encoding.ids)
 
     ids = token_memo.ids(document, tokenize)[0] if token_memo is not None else tokenize(document)
     offsets = _OffsetsOnDemand(tokenizer, document) if encoding is None else list(encoding.offsets)
-    tail_ids = tokenizer.encode(tail)
+    tail_ids = tokenizer.encode_parts(tail)
     return Prompt(
-        tokenizer.encode(head),
+        tokenizer.encode_parts(head),
         ids,
         tail_ids,
         document_offsets=offsets,
-        question_at=_tokens_before(tokenizer, tail, question.strip(), tail_ids),
+        question_at=_tokens_before_question(tokenizer, tail, tail_ids),
     )
 
 
@@ -142,9 +149,7 @@ class _OffsetsOnDemand(Sequence):
 
     def _all(self) -> list[tuple[int, int]]:
         if self._offsets is None:
-            self._offsets = list(
-                self._tokenizer.tokenizer.encode(self._document, add_special_tokens=False).offsets
-            )
+            self._offsets = list(self._tokenizer.encode_text(self._document).offsets)
         return self._offsets
 
     def __getitem__(self, i):
@@ -154,13 +159,20 @@ class _OffsetsOnDemand(Sequence):
         return len(self._all())
 
 
-def _tokens_before(tokenizer: TextTokenizer, text: str, question: str, ids: list[int]) -> int:
-    """How many of `ids` (the tokens of `text`) come before `question` in it."""
-    at = text.find(question) if question else -1
-    if at <= 0:
+def _tokens_before_question(tokenizer: TextTokenizer, parts: list[Part], ids: list[int]) -> int:
+    """How many of `ids` (the tokens of `parts`) come before the last part tagged "question"."""
+    tagged = [i for i, part in enumerate(parts) if part.tag == "question"]
+    at = tagged[-1] if tagged else None  # a conversation's last question
+    if at is None or not parts[at].text:
         return 0
-    before = tokenizer.encode(text[:at].rstrip())
-    return len(before) if ids[: len(before)] == before else 0
+    before = parts[:at]
+    while before and not before[-1].text.rstrip():
+        before.pop()
+    if not before:
+        return 0
+    before[-1] = Part(before[-1].text.rstrip(), template=before[-1].template)
+    before_ids = tokenizer.encode_parts(before)
+    return len(before_ids) if ids[: len(before_ids)] == before_ids else 0
 
 
 def next_turn(
@@ -172,12 +184,13 @@ def next_turn(
     messages = [{"role": "system", "content": system}] if system else []
     messages += [
         {"role": "user", "content": "..."},
-        {"role": "assistant", "content": _ANSWER_SLOT},
-        {"role": "user", "content": question.strip()},
+        {"role": "assistant", "content": [Part("", tag="answer")]},
+        {"role": "user", "content": [Part(question.strip(), tag="question")]},
     ]
-    text = tokenizer.template.render(messages, add_generation_prompt=True)
-    if text.count(_ANSWER_SLOT) != 1:
+    parts = tokenizer.template.render_parts(messages)
+    at = [i for i, part in enumerate(parts) if part.tag == "answer"]
+    if len(at) != 1:
         raise ModelError("the model's chat template does not keep the assistant's message intact")
-    turn = text.split(_ANSWER_SLOT, 1)[1]
-    ids = tokenizer.encode(turn)
-    return ids, _tokens_before(tokenizer, turn, question.strip(), ids)
+    turn = parts[at[0] + 1 :]
+    ids = tokenizer.encode_parts(turn)
+    return ids, _tokens_before_question(tokenizer, turn, ids)

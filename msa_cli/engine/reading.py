@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from msa.models.attention_settings import AttentionSettings
+
 from . import generate
 from .documents import Context, ContextFile, Document
 from .prefix_cache import CacheOptions, PrefixCache, identity
@@ -66,12 +68,22 @@ def token_memo(loaded, options: CacheOptions | None) -> TokenMemo | None:
     """The prefix cache's memory of long documents' token ids (None without a prefix cache)."""
     if options is None:
         return None
-    return TokenMemo(options.root, loaded.tokenizer.digest, read_only=options.read_only)
+    # documents are tokenized as plain text (special tokens' strings as characters): ids kept
+    # before that was so are not theirs
+    plain_text = f"{loaded.tokenizer.digest}:plain-text"
+    return TokenMemo(options.root, plain_text, read_only=options.read_only)
 
 
-def attention_identity(cache) -> dict:
-    """The attention settings that change K/V, as a plain dict for the prefix cache's keys."""
-    return {**cache.settings.identity(), "block_size": cache.block_size}
+def attention_identity(cache, asked: AttentionSettings) -> dict:
+    """The attention settings that change K/V, as a plain dict for the prefix cache's keys: with
+    the topk and local blocks `asked` for, not those `generate.new_cache` capped to the cache's
+    blocks (which vary with the question and --max-tokens): a document's K/V are the same under
+    both, since each reads every block it may."""
+    identity = {**cache.settings.identity(), "block_size": cache.block_size}
+    for name in ("topk", "local_blocks"):
+        if name in identity:
+            identity[name] = getattr(asked, name)
+    return identity
 
 
 def open_prefix_cache(
@@ -81,7 +93,10 @@ def open_prefix_cache(
     if settings.prefix_cache is None or prompt.context_length == 0:
         return None
     ident = identity(
-        loaded, dtype=cache.dtype, block_size=cache.block_size, attention=attention_identity(cache)
+        loaded,
+        dtype=cache.dtype,
+        block_size=cache.block_size,
+        attention=attention_identity(cache, settings.attention),
     )
     return PrefixCache(
         settings.prefix_cache,

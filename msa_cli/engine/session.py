@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterator
 
-from msa.models.errors import InputTooLongError
+from msa.models.errors import InputError, InputTooLongError
 
 from . import generate
 from .documents import Context, Document
 from .events import Done, Event, Progress, Reading, Sources, Text
 from .generate import Generation, Usage
+from .limits import check_max_tokens
 from .prompt import Prompt, build_prompt, next_turn
 from .read_speed import known_speed, record_speed
 from .reading import as_context, open_prefix_cache, prompt_chunks, read_speed_key, token_memo
@@ -74,6 +75,8 @@ class Session:
 
     def ask(self, question: str, *, max_tokens: int | None = None) -> Iterator[Event]:
         """Answer `question` about the documents (and the turns before it)."""
+        if not question.strip():
+            raise InputError("the question is empty")
         if self.answers:
             tail, question_at = next_turn(
                 self.loaded.tokenizer, question, system=self.settings.system
@@ -81,7 +84,7 @@ class Session:
         else:
             first = self._first_question(question)
             tail, question_at = first.tail, first.question_at
-        return self._answer(tail, question_at, max_tokens or self.settings.max_tokens)
+        return self._answer(tail, question_at, self._answer_length(max_tokens))
 
     def prompt_ids(self, question: str) -> list[int]:
         """The tokens a first question is answered after: the documents, then `question`."""
@@ -92,7 +95,15 @@ class Session:
 
     def reply(self, *, max_tokens: int | None = None) -> Iterator[Event]:
         """Answer the prompt given to the session (a request's messages)."""
-        return self._answer(self.prompt.tail, self.prompt.question_at, max_tokens)
+        return self._answer(
+            self.prompt.tail, self.prompt.question_at, self._answer_length(max_tokens)
+        )
+
+    def _answer_length(self, max_tokens: int | None) -> int:
+        """`max_tokens`, or the settings', checked before the answer's generator starts."""
+        max_tokens = self.settings.max_tokens if max_tokens is None else max_tokens
+        check_max_tokens(max_tokens)
+        return max_tokens
 
     def reset(self) -> None:
         """Forget the turns, keep the documents."""
@@ -107,8 +118,7 @@ class Session:
             return []
         return self.tracker.sources(self.prompt, as_context(self.documents), limit=limit)
 
-    def _answer(self, tail: list[int], question_at: int, max_tokens: int | None):
-        max_tokens = max_tokens or self.settings.max_tokens
+    def _answer(self, tail: list[int], question_at: int, max_tokens: int):
         if self.cache is None:  # the documents and the question, read in one pass
             n = self.context_length + len(tail)
             if self.limit is not None and n >= self.limit:

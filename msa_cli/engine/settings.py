@@ -8,6 +8,7 @@ from pathlib import Path
 
 from msa.models.attention_settings import AttentionSettings
 
+from .limits import check_sampling
 from .prefix_cache import CacheOptions
 
 
@@ -24,3 +25,12 @@ class Settings:
     sources: bool = False  # track which blocks each answer read (`Sources` events)
     speed_dir: Path | None = None  # where read speeds are remembered (`read_speed`)
     note: Callable[[str], None] | None = None  # the prefix cache's one-line notes (None: silent)
+
+    def __post_init__(self):
+        check_sampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            block_size=self.attention.block_size,
+        )

@@ -13,6 +13,7 @@ and `<h2>` headings.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,11 @@ def convert(path: str, data: bytes) -> Converted:
             f"{path}: a {kind} document; reading it needs the docs extra: {INSTALL_HINT} "
             f"({e.name or 'a library'} is missing)"
         ) from None
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the libraries fail on damaged or unusual files in
+        # many ways (PdfReadError, pypdf's DependencyError for JBIG2, KeyError, RecursionError...)
+        raise InputError(f"{path}: not a readable {kind} ({type(e).__name__}: {e})") from None
     raise InputError(f"{path}: not a PDF, EPUB or HTML document")
 
 
@@ -118,36 +124,46 @@ class _Builder:
 
 
 def _pdf(path: str, data: bytes) -> Converted:
-    from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
+    with _no_external_decoders():
+        return _pdf_text(path, data)
 
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise InputError(f"{path}: the PDF is encrypted")
-        labels = reader.page_labels
-        out = _Builder()
-        for i, page in enumerate(reader.pages):
-            label = labels[i] if i < len(labels) else str(i + 1)
-            out.section(f"page {label}", f"[page {label}]")
-            text = (page.extract_text() or "").strip("\n")
-            if text:
-                out.add(text + "\n")
-    except (PyPdfError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path}: not a readable PDF ({type(e).__name__}: {e})") from None
+
+def _no_external_decoders():
+    """pypdf hands JBIG2 images to the `jbig2dec` program where one is installed: never, for
+    documents that may come from anyone (and msa reads text, not images)."""
+    import pypdf
+
+    if hasattr(pypdf, "apply_configuration"):  # pypdf >= 7
+        return pypdf.apply_configuration(jbig2dec_binary=None)
+    import pypdf.filters
+
+    if hasattr(pypdf.filters, "JBIG2DEC_BINARY"):  # pypdf 5 and 6 read this global
+        pypdf.filters.JBIG2DEC_BINARY = None
+    return contextlib.nullcontext()
+
+
+def _pdf_text(path: str, data: bytes) -> Converted:
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    if reader.is_encrypted and not reader.decrypt(""):
+        raise InputError(f"{path}: the PDF is encrypted")
+    labels = reader.page_labels
+    out = _Builder()
+    for i, page in enumerate(reader.pages):
+        label = labels[i] if i < len(labels) else str(i + 1)
+        out.section(f"page {label}", f"[page {label}]")
+        text = (page.extract_text() or "").strip("\n")
+        if text:
+            out.add(text + "\n")
     return out.result(path)
 
 
 def _epub(path: str, data: bytes) -> Converted:
-    import zipfile
-
     import ebooklib
     from ebooklib import epub
 
-    try:
-        book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
-    except (zipfile.BadZipFile, epub.EpubException, KeyError, ValueError) as e:
-        raise InputError(f"{path}: not a readable EPUB ({type(e).__name__}: {e})") from None
+    book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
     titles = dict(_toc_titles(book.toc))
     out = _Builder()
     chapter = 0
