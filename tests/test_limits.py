@@ -4,6 +4,8 @@ holds are capped, not allocated for."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from msa.engine.limits import MAX_ANSWER_TOKENS, MAX_SEED
@@ -63,5 +65,11 @@ def test_topk_and_local_blocks_are_capped_at_the_blocks_of_the_cache(embedded):
     assert (kept.plan.topk, kept.plan.local_blocks) == (3, 2)
     # the prefix cache's key holds what was asked, so a document's blocks are found again
     # whatever the question's length and --max-tokens
-    assert attention_identity(small, asked) == attention_identity(large, asked)
-    assert attention_identity(small, asked)["topk"] == 100_000
+    defaults = embedded.model.msa_defaults
+    assert attention_identity(small, asked, defaults) == attention_identity(large, asked, defaults)
+    assert attention_identity(small, asked, defaults)["topk"] == 100_000
+    # a top-k left to the model is the model's own: a new calibration keys blocks anew
+    mine = AttentionSettings(mode="msa")
+    assert attention_identity(small, mine, defaults)["topk"] == defaults.topk
+    calibrated = dataclasses.replace(defaults, topk=16)
+    assert attention_identity(small, mine, calibrated)["topk"] == 16

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from msa.models.attention_plan import with_defaults
 from msa.models.attention_settings import AttentionSettings
+from msa.models.msa_defaults import MsaDefaults
 
 from . import generate
 from .documents import Context, ContextFile, Document
@@ -74,11 +76,13 @@ def token_memo(loaded, options: CacheOptions | None) -> TokenMemo | None:
     return TokenMemo(options.root, plain_text, read_only=options.read_only)
 
 
-def attention_identity(cache, asked: AttentionSettings) -> dict:
+def attention_identity(cache, asked: AttentionSettings, model_defaults: MsaDefaults) -> dict:
     """The attention settings that change K/V, as a plain dict for the prefix cache's keys: with
-    the topk and local blocks `asked` for, not those `generate.new_cache` capped to the cache's
-    blocks (which vary with the question and --max-tokens): a document's K/V are the same under
-    both, since each reads every block it may."""
+    the topk and local blocks `asked` for (a topk left to the model: the model's), not those
+    `generate.new_cache` capped to the cache's blocks (which vary with the question and
+    --max-tokens): a document's K/V are the same under both, since each reads every block it
+    may."""
+    asked = with_defaults(asked, model_defaults)
     identity = {**cache.settings.identity(), "block_size": cache.block_size}
     for name in ("topk", "local_blocks"):
         if name in identity:
@@ -96,7 +100,7 @@ def open_prefix_cache(
         loaded,
         dtype=cache.dtype,
         block_size=cache.block_size,
-        attention=attention_identity(cache, settings.attention),
+        attention=attention_identity(cache, settings.attention, loaded.model.msa_defaults),
     )
     return PrefixCache(
         settings.prefix_cache,
