@@ -122,3 +122,15 @@ def test_cache_commands(run, tmp_path, isolated_home, monkeypatch):
     assert ok(run("cache", "clear")) == f"cleared {root}, freed {format_size(size)}\n"
     assert ok(run("cache", "ls")) == f"no cached documents in {root}\n"
     assert Path(isolated_home / ".cache" / "msa" / "models").exists()
+
+
+def test_cache_ls_and_rm_show_a_sources_control_characters_as_escapes(run, tmp_path):
+    doc = tmp_path / "log\x1b[2Jwiped.txt"
+    doc.write_text(logbook(4))
+    ok(run("ask", doc, "q?", "-n", "1", "--quiet"))
+    listing = ok(run("cache", "ls"))
+    assert "\x1b" not in listing and "log\\x1b[2Jwiped.txt" in listing
+    (row,) = json.loads(ok(run("cache", "ls", "--json")))
+    assert row["source"].endswith("log\x1b[2Jwiped.txt")  # JSON keeps it, escaped by json
+    removed = ok(run("cache", "rm", row["id"]))
+    assert "\x1b" not in removed and "log\\x1b[2Jwiped.txt" in removed

@@ -9,6 +9,7 @@ from datetime import datetime
 import typer
 
 from .errors import reports_errors
+from .visible import visible
 
 cache_app = typer.Typer(
     help="The prefix cache: K/V blocks of the documents already read.", no_args_is_help=True
@@ -107,7 +108,8 @@ def ls(
             else f"{r['cached_tokens']:,}/{r['tokens']:,}"
         )
         used = datetime.fromisoformat(r["last_used"]).strftime("%Y-%m-%d %H:%M")
-        print(f"{r['id']:16}  {tokens:>13}  {format_size(r['bytes']):>9}  {used:16}  {r['source']}")
+        source = visible(r["source"])
+        print(f"{r['id']:16}  {tokens:>13}  {format_size(r['bytes']):>9}  {used:16}  {source}")
 
 
 @cache_app.command("info")
@@ -146,7 +148,7 @@ def rm(
     with _changing(index):
         chain = index.find(chain_id)
         freed = index.remove(chain, others=index.all())
-    print(f"removed {chain.id} ({chain.source}), freed {format_size(freed)}")
+    print(f"removed {chain.id} ({visible(chain.source)}), freed {format_size(freed)}")
 
 
 @cache_app.command("prune")
