@@ -21,8 +21,10 @@ def serving(
     queue_size: int = 4,
     max_request_bytes: int = 1_000_000,
     max_tokens: int = 64,
+    **api,
 ):
-    """Yield the server's base URL (`http://127.0.0.1:PORT`); the prefix cache is the test's own."""
+    """Yield the server's base URL (`http://127.0.0.1:PORT`); the prefix cache is the test's own.
+    `api`: more of `create_app`'s options (allow_origins, keepalive_s, log, ...)."""
     app = make_app(
         loaded,
         attention or AttentionSettings(),
@@ -32,6 +34,7 @@ def serving(
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         max_tokens=max_tokens,
+        **api,
     )
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(app)

@@ -22,6 +22,7 @@ from msa.app import app
 from msa.engine import Settings
 from msa.engine.prompt import build_prompt, user_message
 from msa.models.attention_settings import AttentionSettings
+from msa.server.chat_request import ChatRequest
 from msa.server.worker import Job, Worker
 
 pytestmark = pytest.mark.slow
@@ -48,8 +49,9 @@ def document_messages(question: str = QUESTION) -> list[dict]:
 
 
 def sse_events(response: httpx2.Response) -> list[str]:
-    """The data of each event, [DONE] included; every non-empty line must be a data line."""
-    lines = [line for line in response.iter_lines() if line]
+    """The data of each event, [DONE] included; every non-empty line must be a data line or a
+    comment (the opening line, keep-alives)."""
+    lines = [line for line in response.iter_lines() if line and not line.startswith(":")]
     assert all(line.startswith("data: ") for line in lines), lines
     return [line[len("data: ") :] for line in lines]
 
@@ -181,7 +183,12 @@ def test_requests_over_the_limits_or_malformed_get_a_clear_400(embedded):
                 and error["type"] == "invalid_request_error"
                 and error["code"] == code
             ), error
-        not_json = httpx2.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=LIMIT_S)
+        not_json = httpx2.post(
+            f"{url}/v1/chat/completions",
+            content=b"{nope",
+            headers={"Content-Type": "application/json"},
+            timeout=LIMIT_S,
+        )
         assert (
             not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
         )
@@ -248,14 +255,7 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
         engine = Worker(embedded, Settings(), queue_size=1)
         engine.start()
         try:
-            job = Job(
-                LONG_ANSWER,
-                max_tokens=200,
-                temperature=0.0,
-                top_p=1.0,
-                seed=None,
-                loop=asyncio.get_running_loop(),
-            )
+            job = Job(ChatRequest(LONG_ANSWER, max_tokens=200), loop=asyncio.get_running_loop())
             engine.submit(job)
             (started, answer), (first, _) = await job.events.get(), await job.events.get()
             job.cancelled = True  # what a client going away does
