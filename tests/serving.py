@@ -36,6 +36,13 @@ def serving(
         max_tokens=max_tokens,
         **api,
     )
+    with serving_app(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving_app(app):
+    """Yield the base URL of `app` (an application `create_app` made) served on loopback."""
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

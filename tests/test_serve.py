@@ -236,6 +236,7 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
             )
             third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=LIMIT_S)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
+            assert third.headers["retry-after"] == "2"  # what OpenAI's clients wait, then retry
             # leaving the `with` closes the stream mid-answer: the worker stops it and takes the
             # next
         second.join(timeout=LIMIT_S)
