@@ -202,3 +202,15 @@ def test_v1_models_id_is_our_model_or_an_openai_404():
         "owned_by": "msa",
     }
     assert error_of(other, 404)["code"] == "model_not_found"
+
+
+def test_msa_serve_refuses_to_listen_beyond_loopback_without_a_key_or_with_an_empty_one():
+    from typer.testing import CliRunner
+
+    from msa.app import app
+
+    for args, option in [(["--host", "0.0.0.0"], "--host"), (["--api-key", ""], "--api-key")]:
+        result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
+        lines = result.stderr.splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0].startswith(f"msa: error: {option}: "), lines

@@ -85,7 +85,8 @@ class Worker:
     def submit(self, job: Job) -> None:
         with self._changed:
             self._drop_cancelled()
-            if len(self._queue) >= self.queue_size:
+            # an idle engine takes the first job at once: it does not count as waiting
+            if len(self._queue) >= self.queue_size + (not self.busy):
                 raise QueueFull
             self._queue.append(job)
             self._changed.notify()
@@ -104,18 +105,19 @@ class Worker:
                     self._queue.clear()
                     return None
                 if self._queue:
+                    self.busy = True
                     return self._queue.popleft()
                 self._changed.wait()
 
     def _work(self) -> None:
         while (job := self._next()) is not None:
-            self.busy = True
             try:
                 self._answer(job)
             except Exception as e:  # noqa: BLE001 - the request's handler reports it
                 job.emit("error", e)
             finally:
-                self.busy = False
+                with self._changed:
+                    self.busy = False
 
     def _answer(self, job: Job) -> None:
         r = job.request
