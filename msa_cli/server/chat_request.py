@@ -86,11 +86,13 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
             f"(msa serve --max-tokens)",
             param="max_tokens",
         )
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
         raise ApiError(400, "stream must be true or false", param="stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", param="stream_options")
     seed = _number(body, "seed", None, integer=True)
     if seed is not None and not 0 <= seed < MAX_SEED:
@@ -101,7 +103,7 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
         temperature=_in_range(body, "temperature", 0.0, 0, 2),
         top_p=_top_p(body),
         seed=seed,
-        stream=stream,
+        stream=bool(stream),
         include_usage=bool(options.get("include_usage")),
         stop=_stop(body.get("stop")),
         presence_penalty=_in_range(body, "presence_penalty", 0.0, -2, 2),
