@@ -4,6 +4,7 @@ talk to it over real HTTP while the embedded model stays loaded once."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 from processes import LIMIT_S, wait_until
@@ -25,6 +26,8 @@ def serving(
 ):
     """Yield the server's base URL (`http://127.0.0.1:PORT`); the prefix cache is the test's own.
     `api`: more of `create_app`'s options (allow_origins, keepalive_s, log, ...)."""
+    # the access log to the process's own stderr: a CliRunner in the test swaps sys.stderr
+    api.setdefault("log", sys.__stderr__)
     app = make_app(
         loaded,
         attention or AttentionSettings(),

@@ -104,7 +104,7 @@ def test_a_stream_starts_at_once_and_keeps_alive_while_it_waits(embedded):
             assert second.headers["content-type"].startswith("text/event-stream")
             assert second.headers["cache-control"] == "no-cache"
             lines = second.iter_lines()
-            assert next(lines) == ": msa serve: answering"
+            assert next(lines) == ": msa serve: request accepted"
             waiting = [next(lines) for _ in range(6)]
             assert set(waiting) <= {"", ": keep-alive"} and ": keep-alive" in waiting
             assert worker.waiting == 1  # still queued: those came while it waited

@@ -16,7 +16,7 @@ import uuid
 from .chat_request import ApiError, ChatRequest
 from .worker import BadPrompt, Job, ServerStopping
 
-OPENING = ": msa serve: answering\n\n"  # sent with the headers
+OPENING = ": msa serve: request accepted\n\n"  # sent with the headers, before its turn
 KEEP_ALIVE = ": keep-alive\n\n"
 
 

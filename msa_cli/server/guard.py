@@ -75,6 +75,9 @@ class Guard:
                 await self.app(scope, receive, send_and_note)
             finally:
                 self.active -= 1
+        except Exception:  # answered (500) by Starlette's outermost layer, after this one
+            status = status or 500
+            raise
         finally:
             self._access_log(scope, status or 499, time.perf_counter() - start)
 
