@@ -130,6 +130,7 @@ def test_every_route_asks_for_the_key(embedded):
         for method, path in [
             ("GET", "/health"),
             ("GET", "/v1/models"),
+            ("GET", "/v1/models/smollm2-135m"),
             ("POST", "/v1/chat/completions"),
         ]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
