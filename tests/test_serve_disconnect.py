@@ -74,6 +74,10 @@ def test_a_client_that_leaves_cancels_its_job_queued_or_answering(embedded):
         wait_until(lambda: worker.waiting == 1, "the second request queued")
         queued.close()
         wait_until(lambda: worker.waiting == 0, "the queued job dropped")
+        streamed = raw_request(url, {**LONG, "max_tokens": 2, "stream": True})
+        wait_until(lambda: worker.waiting == 1, "a streamed request queued")
+        streamed.close()
+        wait_until(lambda: worker.waiting == 0, "the queued stream's job dropped")
         assert worker.busy and not jobs[0].cancelled  # the first is still being answered
         answering.close()
         wait_until(lambda: jobs[0].cancelled, "the first job cancelled")
@@ -82,7 +86,7 @@ def test_a_client_that_leaves_cancels_its_job_queued_or_answering(embedded):
         usage = jobs[0].usage
         assert usage.generated_tokens <= at_cancel + 1 < 200  # within one decode step
         assert usage.finish_reason == ""  # cut short, not ended
-        assert jobs[1].usage is None  # the queued job was never started
+        assert jobs[1].usage is None and jobs[2].usage is None  # the queued jobs never started
         after = httpx2.post(f"{url}/v1/chat/completions", json={**LONG, "max_tokens": 2})
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2
 
