@@ -90,6 +90,15 @@ def test_listed_origins_get_cors_and_others_are_refused():
     assert answered.headers["access-control-allow-origin"] == app_origin
 
 
+def test_any_origin_with_a_key():
+    async def scenario(client):
+        headers = {"Origin": "https://any.example", "Authorization": "Bearer k"}
+        return await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+
+    answered = run(scenario, api_key="k", allow_origins=("*",))
+    assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == "*"
+
+
 def test_requests_past_the_cap_get_a_503_with_retry_after_while_a_slow_body_holds_a_place():
     async def scenario(client):
         reading, arrived = asyncio.Event(), asyncio.Event()
@@ -204,12 +213,17 @@ def test_v1_models_id_is_our_model_or_an_openai_404():
     assert error_of(other, 404)["code"] == "model_not_found"
 
 
-def test_msa_serve_refuses_to_listen_beyond_loopback_without_a_key_or_with_an_empty_one():
+def test_msa_serve_refuses_to_listen_beyond_loopback_without_a_key_or_open_to_any_page():
     from typer.testing import CliRunner
 
     from msa.app import app
 
-    for args, option in [(["--host", "0.0.0.0"], "--host"), (["--api-key", ""], "--api-key")]:
+    for args, option in [
+        (["--host", "0.0.0.0"], "--host"),
+        (["--api-key", ""], "--api-key"),
+        (["--allow-origin", "*"], "--allow-origin"),
+        (["--api-key", "k", "--allow-origin", "app.example"], "--allow-origin"),
+    ]:
         result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
         lines = result.stderr.splitlines()
         assert result.exit_code == 2 and len(lines) == 1, result.output

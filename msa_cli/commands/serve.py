@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -46,7 +47,7 @@ def serve(
         [],
         "--allow-origin",
         help="A web page origin (https://app.example) whose requests are answered, with CORS; "
-        "repeat for more. Other browser requests are refused.",
+        "repeat for more ('*': any, with --api-key only). Other browser requests are refused.",
     ),
     max_tokens: int = typer.Option(
         2048,
@@ -110,6 +111,17 @@ def serve(
             "network use the model: set a key, or listen on 127.0.0.1",
             param_hint="--host",
         )
+    for origin in allow_origin:
+        if origin == "*" and api_key is None:
+            raise typer.BadParameter(
+                "'*' lets every web page use a server without a key: set --api-key too",
+                param_hint="--allow-origin",
+            )
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise typer.BadParameter(
+                f"{origin!r} is not an origin (scheme://host[:port], like https://app.example)",
+                param_hint="--allow-origin",
+            )
     check_precision(quant)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     sock = listen(host, port)

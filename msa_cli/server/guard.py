@@ -91,7 +91,7 @@ class Guard:
                 code="host_not_allowed",
             )
         origin = headers.get(b"origin")
-        if origin is not None and origin.decode("latin-1") not in self.origins:
+        if origin is not None and not ({"*", origin.decode("latin-1")} & self.origins):
             return ApiError(
                 403,
                 "requests from web pages are refused unless their origin is allowed "
