@@ -224,7 +224,9 @@ def test_msa_serve_refuses_to_listen_beyond_loopback_without_a_key_or_open_to_an
         (["--allow-origin", "*"], "--allow-origin"),
         (["--api-key", "k", "--allow-origin", "app.example"], "--allow-origin"),
     ]:
-        result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
+        # a model that is not there: a server that did not refuse would end there (exit 4), not
+        # serve for ever
+        result = CliRunner().invoke(app, ["serve", "--port", "0", "-m", "/nowhere.gguf", *args])
         lines = result.stderr.splitlines()
         assert result.exit_code == 2 and len(lines) == 1, result.output
         assert lines[0].startswith(f"msa: error: {option}: "), lines
