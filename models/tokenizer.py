@@ -77,12 +77,17 @@ class ChatTemplate:
             template = env.from_string(self.source)
         except jinja2.TemplateError as e:
             raise ModelError(f"the model's chat template does not parse: {e}") from None
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
-        )
+        try:
+            return template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as e:  # SecurityError (the sandbox), UndefinedError, ...
+            raise ModelError(
+                f"the model's chat template failed on these messages ({type(e).__name__}: {e})"
+            ) from None
 
     def render_parts(self, messages: list[dict], add_generation_prompt: bool = True) -> list[Part]:
         """The prompt as the template's own text and the messages' text, apart (`template_parts`):

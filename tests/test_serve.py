@@ -22,6 +22,7 @@ from msa.app import app
 from msa.engine import Settings
 from msa.engine.prompt import build_prompt, user_message
 from msa.models.attention_settings import AttentionSettings
+from msa.server.chat_request import ChatRequest
 from msa.server.worker import Job, Worker
 
 pytestmark = pytest.mark.slow
@@ -48,8 +49,9 @@ def document_messages(question: str = QUESTION) -> list[dict]:
 
 
 def sse_events(response: httpx2.Response) -> list[str]:
-    """The data of each event, [DONE] included; every non-empty line must be a data line."""
-    lines = [line for line in response.iter_lines() if line]
+    """The data of each event, [DONE] included; every non-empty line must be a data line or a
+    comment (the opening line, keep-alives)."""
+    lines = [line for line in response.iter_lines() if line and not line.startswith(":")]
     assert all(line.startswith("data: ") for line in lines), lines
     return [line[len("data: ") :] for line in lines]
 
@@ -128,6 +130,7 @@ def test_every_route_asks_for_the_key(embedded):
         for method, path in [
             ("GET", "/health"),
             ("GET", "/v1/models"),
+            ("GET", "/v1/models/smollm2-135m"),
             ("POST", "/v1/chat/completions"),
         ]:
             for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
@@ -181,7 +184,12 @@ def test_requests_over_the_limits_or_malformed_get_a_clear_400(embedded):
                 and error["type"] == "invalid_request_error"
                 and error["code"] == code
             ), error
-        not_json = httpx2.post(f"{url}/v1/chat/completions", content=b"{nope", timeout=LIMIT_S)
+        not_json = httpx2.post(
+            f"{url}/v1/chat/completions",
+            content=b"{nope",
+            headers={"Content-Type": "application/json"},
+            timeout=LIMIT_S,
+        )
         assert (
             not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
         )
@@ -229,6 +237,7 @@ def test_one_answer_at_a_time_the_rest_wait_in_a_bounded_queue(embedded):
             )
             third = httpx2.post(f"{url}/v1/chat/completions", json=ask(2), timeout=LIMIT_S)
             assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full"
+            assert third.headers["retry-after"] == "2"  # what OpenAI's clients wait, then retry
             # leaving the `with` closes the stream mid-answer: the worker stops it and takes the
             # next
         second.join(timeout=LIMIT_S)
@@ -248,14 +257,7 @@ def test_a_cancelled_answer_stops_between_two_tokens(embedded):
         engine = Worker(embedded, Settings(), queue_size=1)
         engine.start()
         try:
-            job = Job(
-                LONG_ANSWER,
-                max_tokens=200,
-                temperature=0.0,
-                top_p=1.0,
-                seed=None,
-                loop=asyncio.get_running_loop(),
-            )
+            job = Job(ChatRequest(LONG_ANSWER, max_tokens=200), loop=asyncio.get_running_loop())
             engine.submit(job)
             (started, answer), (first, _) = await job.events.get(), await job.events.get()
             job.cancelled = True  # what a client going away does

@@ -125,7 +125,9 @@ class Server:
                             f"the server at {self.url} sent an event that is not JSON: "
                             f"{data[:80]!r}"
                         ) from None
-                    if "error" in event:
+                    if "error" in event:  # a server that streams at once reports it here
+                        if _too_long(event, _message(event)):
+                            raise InputTooLongError(f"the server at {self.url}: {_message(event)}")
                         raise ServerError(
                             f"the server at {self.url} stopped the answer: {_message(event)}"
                         )

@@ -102,6 +102,8 @@ def open_prefix_cache(
         block_size=cache.block_size,
         attention=attention_identity(cache, settings.attention, loaded.model.msa_defaults),
     )
+    if settings.cache_salt is not None:  # the chain's root: another salt never finds a block
+        ident["salt"] = settings.cache_salt
     return PrefixCache(
         settings.prefix_cache,
         identity=ident,

@@ -54,7 +54,13 @@ class Session:
         dense = self.settings.attention.mode == "dense"
         self.limit = loaded.config.max_position_embeddings if dense else None
         s = self.settings
-        self.sampler = Sampler(s.temperature, s.top_p, s.seed)
+        self.sampler = Sampler(
+            s.temperature,
+            s.top_p,
+            s.seed,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+        )
         self.cache = None  # made by the first read
         self.tracker: SourceTracker | None = None
         self.seq: list[int] = []  # the conversation's tokens; the cache holds seq[:cache.length]

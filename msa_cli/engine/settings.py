@@ -18,9 +18,14 @@ class Settings:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's penalties on tokens already in the answer
+    frequency_penalty: float = 0.0
     system: str | None = None
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     prefix_cache: CacheOptions | None = None  # None: neither read nor write it
+    # blocks are shared only by reads of one salt (vLLM's cache_salt): one client of a server
+    # never learns from cached_tokens what another asked about
+    cache_salt: str | None = None
     kv_spill_dir: Path | None = None  # K/V too large for memory go to files here
     sources: bool = False  # track which blocks each answer read (`Sources` events)
     speed_dir: Path | None = None  # where read speeds are remembered (`read_speed`)

@@ -1,4 +1,6 @@
-"""The HTTP routes of `msa serve`, in OpenAI's shapes: /v1/models, /v1/chat/completions, /health."""
+"""The HTTP routes of `msa serve`, in OpenAI's shapes: /v1/models, /v1/models/{id},
+/v1/chat/completions, /health; around them the `Guard` (access log, request cap, browser checks)
+and, for the origins the user allows, CORS."""
 
 from __future__ import annotations
 
@@ -8,24 +10,42 @@ import functools
 import hmac
 import json
 import time
-import uuid
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .chat_request import ApiError, ChatRequest, parse_chat_request
-from .worker import BadPrompt, Job, QueueFull, Worker
+from .chat_request import ApiError, parse_chat_request
+from .completion import ClientGone, Completion
+from .guard import RETRY_AFTER_S, Guard, allowed_hosts
+from .worker import Job, QueueFull, Worker
+
+KEEPALIVE_S = 5.0  # an SSE comment after this long without an event
 
 
 def create_app(
-    worker: Worker, *, api_key: str | None, max_request_bytes: int, max_tokens: int
+    worker: Worker,
+    *,
+    api_key: str | None,
+    max_request_bytes: int,
+    max_tokens: int,
+    bind_host: str = "127.0.0.1",
+    allow_origins: tuple[str, ...] = (),
+    max_concurrent_requests: int = 32,
+    body_timeout_s: float = 30.0,
+    keepalive_s: float = KEEPALIVE_S,
+    log=None,
 ) -> Starlette:
-    """The server's application; `worker` is started and stopped with it."""
+    """The server's application; `worker` is started and stopped with it. `bind_host`: the
+    address it listens on (on loopback, the Host header must name this machine); `log`: where
+    the access log goes (None: stderr)."""
     model = worker.loaded.name
     started = int(time.time())
+    model_card = {"id": model, "object": "model", "created": started, "owned_by": "msa"}
 
     def guarded(handler):
         """Every route checks the API key, when there is one, before anything else."""
@@ -57,26 +77,25 @@ def create_app(
 
     @guarded
     async def models(request: Request):
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [{"id": model, "object": "model", "created": started, "owned_by": "msa"}],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [model_card]})
+
+    @guarded
+    async def one_model(request: Request):
+        asked = request.path_params["model_id"]
+        if asked != model:
+            raise ApiError(
+                404,
+                f"this server serves the model {model!r}, not {asked[:200]!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(model_card)
 
     @guarded
     async def chat_completions(request: Request):
-        chat = parse_chat_request(
-            await _json_body(request, max_request_bytes), model=model, max_tokens_limit=max_tokens
-        )
-        job = Job(
-            chat.messages,
-            chat.max_tokens,
-            chat.temperature,
-            chat.top_p,
-            chat.seed,
-            loop=asyncio.get_running_loop(),
-        )
+        body = await _json_body(request, max_request_bytes, body_timeout_s)
+        chat = parse_chat_request(body, model=model, max_tokens_limit=max_tokens)
+        job = Job(chat, loop=asyncio.get_running_loop())
         try:
             worker.submit(job)
         except QueueFull:
@@ -85,26 +104,56 @@ def create_app(
                 "the server is busy: its queue of waiting requests is full, try again later",
                 kind="server_error",
                 code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
+        # the client going away, whenever it does, cancels the job (it also ends when the
+        # response is complete, and the job with it)
+        watcher = asyncio.ensure_future(_cancel_when_gone(request, job))
+        completion = Completion(model, chat, job, keepalive_s=keepalive_s)
+        if chat.stream:
+            sse = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(
+                completion.stream(), media_type="text/event-stream", headers=sse
+            )
         try:
-            kind, value = await job.events.get()  # waits for its turn and for reading the prompt
-            if kind == "error":
-                raise _api_error(value)
-            completion = _Completion(model, chat, value)
-            if chat.stream:
-                return StreamingResponse(completion.stream(job), media_type="text/event-stream")
-            return JSONResponse(await completion.whole(job))
-        except BaseException:
+            return JSONResponse(await completion.whole())
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the access log shows it
+        finally:
             job.cancelled = True
-            raise
+            watcher.cancel()
 
+    middleware = [
+        Middleware(
+            Guard,
+            hosts=allowed_hosts(bind_host),
+            origins=allow_origins,
+            log=log,
+            max_requests=max_concurrent_requests,
+        )
+    ]
+    if allow_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(allow_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type"],
+            )
+        )
     return Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
+            Route("/v1/models/{model_id:path}", one_model),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
-        exception_handlers={ApiError: _error_response, HTTPException: _http_error_response},
+        middleware=middleware,
+        exception_handlers={
+            ApiError: _error_response,
+            HTTPException: _http_error_response,
+            Exception: _internal_error_response,
+        },
         lifespan=functools.partial(_worker_running, worker),
     )
 
@@ -118,6 +167,13 @@ async def _worker_running(worker: Worker, app):
         await asyncio.to_thread(worker.stop)
 
 
+async def _cancel_when_gone(request: Request, job: Job) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancelled = True
+    job.events.put_nowait(("gone", None))
+
+
 def _key_matches(request: Request, api_key: str) -> bool:
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
@@ -125,7 +181,12 @@ def _key_matches(request: Request, api_key: str) -> bool:
     )
 
 
-async def _json_body(request: Request, limit: int):
+async def _json_body(request: Request, limit: int, timeout_s: float):
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(
+            415, "the request body must be JSON, sent with 'Content-Type: application/json'"
+        )
     too_large = ApiError(
         400,
         f"the request is larger than this server's limit of {limit:,} bytes "
@@ -135,25 +196,33 @@ async def _json_body(request: Request, limit: int):
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:  # refused before more is held
+                raise too_large
+        return bytes(body)
+
+    try:
+        body = await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s (msa serve --body-timeout)",
+            code="request_timeout",
+        ) from None
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON") from None
-
-
-def _api_error(error: Exception) -> ApiError:
-    if isinstance(error, BadPrompt):
-        return ApiError(400, str(error), param="messages", code=error.code)
-    return ApiError(500, f"internal error: {type(error).__name__}: {error}", kind="server_error")
+    except RecursionError:
+        raise ApiError(400, "the request body is JSON nested too deeply") from None
 
 
 async def _error_response(request: Request, error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _http_error_response(request: Request, error: HTTPException) -> JSONResponse:
@@ -162,86 +231,6 @@ async def _http_error_response(request: Request, error: HTTPException) -> JSONRe
     )
 
 
-class _Completion:
-    """One answer in OpenAI's shapes: a chat.completion, or a stream of chat.completion.chunk
-    events."""
-
-    def __init__(self, model: str, chat: ChatRequest, usage):
-        self.model, self.chat, self.usage = model, chat, usage  # the engine's `Usage`, filling in
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    async def whole(self, job: Job) -> dict:
-        text = []
-        async for piece in self._pieces(job):
-            text.append(piece)
-        return {
-            **self._head("chat.completion"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(text)},
-                    "finish_reason": self._finish_reason(),
-                }
-            ],
-            "usage": self._usage(),
-        }
-
-    async def stream(self, job: Job):
-        """Server-sent events; when the client goes away mid-answer, the engine stops that
-        answer."""
-        try:
-            yield self._chunk({"role": "assistant", "content": ""})
-            try:
-                async for piece in self._pieces(job):
-                    yield self._chunk({"content": piece})
-            except ApiError as e:  # the status line has gone: the error is the last event
-                yield _event(e.body())
-                return
-            yield self._chunk({}, finish_reason=self._finish_reason())
-            if self.chat.include_usage:
-                yield _event(
-                    {**self._head("chat.completion.chunk"), "choices": [], "usage": self._usage()}
-                )
-            yield "data: [DONE]\n\n"
-        finally:
-            job.cancelled = True
-
-    async def _pieces(self, job: Job):
-        while True:
-            kind, value = await job.events.get()
-            if kind == "piece":
-                yield value
-            elif kind == "end":
-                return
-            else:
-                raise _api_error(value)
-
-    def _head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def _chunk(self, delta: dict, finish_reason: str | None = None) -> str:
-        return _event(
-            {
-                **self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-            }
-        )
-
-    def _finish_reason(self) -> str:
-        # "context": the model's context is full (dense attention), which OpenAI's API calls
-        # "length"
-        return "stop" if self.usage.finish_reason == "stop" else "length"
-
-    def _usage(self) -> dict:
-        u = self.usage
-        return {
-            "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.generated_tokens,
-            "total_tokens": u.prompt_tokens + u.generated_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        }
-
-
-def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+async def _internal_error_response(request: Request, error: Exception) -> JSONResponse:
+    message = f"internal error: {type(error).__name__}"
+    return JSONResponse(ApiError(500, message, kind="server_error").body(), status_code=500)

@@ -1,10 +1,15 @@
-"""The body of a `/v1/chat/completions` request, checked: each mistake is one clear 400 error."""
+"""The body of a `/v1/chat/completions` request, checked: each mistake is one clear 400 error,
+and so is every parameter this server cannot honour (never silently ignored)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ROLES = ("system", "developer", "user", "assistant")
+MAX_STOPS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256  # each stop string is looked for at every token: a bound on that work
+MAX_SEED = 2**63  # seeds are 0 <= seed < 2**63 (PyTorch's generators take 64 bits)
+MAX_SALT_CHARS = 256
 
 
 class ApiError(Exception):
@@ -18,6 +23,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = (
@@ -27,6 +33,7 @@ class ApiError(Exception):
             code,
             kind,
         )
+        self.headers = headers
 
     def body(self) -> dict:
         return {
@@ -43,11 +50,15 @@ class ApiError(Exception):
 class ChatRequest:
     messages: list[dict]  # {"role", "content": str}, "developer" read as "system"
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stream: bool
-    include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage counts
+    stop: list[str] = field(default_factory=list)  # the answer ends before the first of these
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    cache_salt: str | None = None  # prefix-cache blocks are shared only by requests of one salt
 
 
 def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatRequest:
@@ -57,10 +68,11 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
     if asked != model:
         raise ApiError(
             404,
-            f"this server serves the model {model!r}, not {asked!r}",
+            f"this server serves the model {model!r}, not {str(asked)[:200]!r}",
             param="model",
             code="model_not_found",
         )
+    _refuse_unsupported(body)
     n = _number(body, "n", 1, integer=True)
     if n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
@@ -74,27 +86,52 @@ def parse_chat_request(body, *, model: str, max_tokens_limit: int) -> ChatReques
             f"(msa serve --max-tokens)",
             param="max_tokens",
         )
-    temperature = _number(body, "temperature", 0.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, "temperature must be between 0 and 2", param="temperature")
-    top_p = _number(body, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, "top_p must be above 0 and at most 1", param="top_p")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
         raise ApiError(400, "stream must be true or false", param="stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", param="stream_options")
+    seed = _number(body, "seed", None, integer=True)
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise ApiError(400, f"seed must be between 0 and {MAX_SEED - 1}", param="seed")
     return ChatRequest(
         messages=_messages(body.get("messages")),
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=_number(body, "seed", None, integer=True),
-        stream=stream,
+        temperature=_in_range(body, "temperature", 0.0, 0, 2),
+        top_p=_top_p(body),
+        seed=seed,
+        stream=bool(stream),
         include_usage=bool(options.get("include_usage")),
+        stop=_stop(body.get("stop")),
+        presence_penalty=_in_range(body, "presence_penalty", 0.0, -2, 2),
+        frequency_penalty=_in_range(body, "frequency_penalty", 0.0, -2, 2),
+        cache_salt=_cache_salt(body.get("cache_salt")),
     )
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """Parameters that would change the answer in ways this server does not implement."""
+    if body.get("logprobs") not in (None, False):
+        raise ApiError(400, "logprobs is not supported by this server", param="logprobs")
+    if body.get("top_logprobs") is not None:
+        raise ApiError(400, "top_logprobs is not supported by this server", param="top_logprobs")
+    if body.get("tools") not in (None, []):
+        raise ApiError(
+            400, "tools (function calling) is not supported by this server", param="tools"
+        )
+    if body.get("tool_choice") not in (None, "none"):
+        raise ApiError(400, "tool_choice is not supported by this server", param="tool_choice")
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError(
+            400,
+            'response_format is not supported by this server (only {"type": "text"})',
+            param="response_format",
+        )
+    if body.get("logit_bias") not in (None, {}):
+        raise ApiError(400, "logit_bias is not supported by this server", param="logit_bias")
 
 
 def _number(body: dict, name: str, default, *, integer: bool = False):
@@ -104,6 +141,46 @@ def _number(body: dict, name: str, default, *, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         raise ApiError(400, f"{name} must be {'an integer' if integer else 'a number'}", param=name)
     return value
+
+
+def _in_range(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = _number(body, name, default)
+    if not low <= value <= high:  # NaN too
+        raise ApiError(400, f"{name} must be between {low} and {high}", param=name)
+    return value
+
+
+def _top_p(body: dict) -> float:
+    top_p = _number(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, "top_p must be above 0 and at most 1", param="top_p")
+    return top_p
+
+
+def _stop(stop) -> list[str]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOPS
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
+    ):
+        raise ApiError(
+            400,
+            f"stop must be a string or a list of at most {MAX_STOPS} strings, each of 1 to "
+            f"{MAX_STOP_CHARS} characters",
+            param="stop",
+        )
+    return stops
+
+
+def _cache_salt(salt) -> str | None:
+    if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_SALT_CHARS):
+        raise ApiError(
+            400,
+            f"cache_salt must be a string of 1 to {MAX_SALT_CHARS} characters",
+            param="cache_salt",
+        )
+    return salt
 
 
 def _messages(messages) -> list[dict]:

@@ -35,11 +35,10 @@ def make_app(
     cache_dir: str | None,
     no_cache: bool,
     queue_size: int,
-    api_key: str | None,
-    max_request_bytes: int,
-    max_tokens: int,
+    **api,
 ):
-    """The application `msa serve` runs: `loaded` answers, with the prefix cache of `cache_dir`."""
+    """The application `msa serve` runs: `loaded` answers, with the prefix cache of `cache_dir`;
+    `api`: `create_app`'s options (the key, the limits, the bind address, allowed origins)."""
     from ..engine import Model
     from .api import create_app
     from .worker import Worker
@@ -47,12 +46,7 @@ def make_app(
     settings = Model(loaded, cache_dir=cache_dir).settings(
         attention=attention, prefix_cache=not no_cache, speed_dir=None
     )
-    return create_app(
-        Worker(loaded, settings, queue_size=queue_size),
-        api_key=api_key,
-        max_request_bytes=max_request_bytes,
-        max_tokens=max_tokens,
-    )
+    return create_app(Worker(loaded, settings, queue_size=queue_size), **api)
 
 
 def uvicorn_server(app):
