@@ -8,9 +8,11 @@ reason in `error`: callers keep a slower path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import sys
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -28,6 +30,15 @@ def _cpu_flags() -> list[str]:
     return flags
 
 
+@cache
+def _sources_digest() -> str:
+    """A short digest of every file in csrc/ (sources and the headers they include)."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class CppExtension:
     """One extension module from `sources` (file names under csrc/; headers there are found by
     their `#include "..."`), off while the environment variable `off_by` is set."""
@@ -39,14 +50,15 @@ class CppExtension:
 
     def _target(self) -> tuple[str, list[str], Path]:
         """The module's name, compiler flags and build folder (under PyTorch's extension root,
-        one folder per flavour, Python and PyTorch version)."""
+        one folder per flavour, Python and PyTorch version, and content of csrc/: two versions
+        of the sources, such as two checkouts, never rebuild over each other)."""
         from torch.utils.cpp_extension import get_default_build_root
 
         flags = _cpu_flags()
         name = self.name + ("_avx2" if "-mavx2" in flags else "")
         root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
         python = f"py{sys.version_info.major}{sys.version_info.minor}"
-        version = f"{python}-torch{torch.__version__.replace('+', '_')}"
+        version = f"{python}-torch{torch.__version__.replace('+', '_')}-{_sources_digest()}"
         return name, flags, root / f"{name}-{version}"
 
     def _off(self) -> bool:

@@ -17,11 +17,12 @@ in the stores yet, which the step asks for instead of reading (see `DecoderStep.
 linear is a spec `(kind, a, b, group)`: `(FP32, weight [N, K], empty, 0)`,
 `(INT8, int8 weight [N, K], bf16 scales [N], 0)` or `(INT4, packed, bf16 scales_zeros, group
 size)` in the layouts of PyTorch's CPU kernels `_weight_int8pack_mm` and
-`_weight_int4pack_mm_for_cpu`, whose activations are bf16; a fifth element, an fp32 bias [N]
-(empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as one spec
-each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats, as a GGUF
-Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`, `k_norm` (fp32
-[D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 does.
+`_weight_int4pack_mm_for_cpu`, whose activations are bf16, or `(GGML, blocks, row ids, GGML
+type)`: a GGUF's own blocks (ggml_blocks.py), multiplied in fp32; a fifth element, an fp32
+bias [N] (empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as
+one spec each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats,
+as a GGUF Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`,
+`k_norm` (fp32 [D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 does.
 
 `decoder_step_reference` (decoder_step_reference.py) is the definition in plain PyTorch;
 `DecoderStep` runs the C++
@@ -40,7 +41,7 @@ import torch
 
 from .cpp_build import CppExtension
 
-FP32, INT8, INT4 = 0, 1, 2
+FP32, INT8, INT4, GGML = 0, 1, 2, 3
 NEVER = 2**62  # a position no input reaches: "never sparse", "never bounded"
 # the fused step; it reads GGUF blocks with the per-op kernels' own code (ggml_blocks.h)
 _EXTENSION = CppExtension("msa_decoder_step", ["decoder_step.cpp"], off_by="MSA_NO_FUSED_DECODE")

@@ -13,6 +13,7 @@ from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
+from .ggml_linear import swap_ggml_for_state
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
 from .llama import Transformer
@@ -66,7 +67,8 @@ def build_model(
     Quantized weights move into the model: `ckpt.weights` is emptied (no second copy held)."""
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
-    blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
+    # a GGUF's embedding or matmul weights, kept in its blocks
+    blocks = any(k.endswith(".blocks") for k in ckpt.weights)
     if quant is None and not blocks and not is_quantized_state(ckpt.weights):
         load_state(model, {k: v.to(dtype) for k, v in ckpt.weights.items()}, source=ckpt.source)
         if fuse:
@@ -85,6 +87,7 @@ def _build_quantized(
         fuse_state(model, state)
         fuse_projections(model, state)
     swap_for_state(model, state)
+    swap_ggml_for_state(model, state)
     swap_embedding_for_state(model, state, dtype)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
     copy_dtype = (
@@ -94,7 +97,8 @@ def _build_quantized(
         m.keep_prefill_copy = copy_dtype
     quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".scales", ".blocks"))}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
-    if "lm_head.scales" not in state and ckpt.config.tie_word_embeddings:
+    own_head = "lm_head.scales" in state or "lm_head.blocks" in state  # quantized on its own
+    if not own_head and ckpt.config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     result = model.load_state_dict(state, strict=False, assign=True)
     problems = [f"missing {', '.join(result.missing_keys[:8])}"] if result.missing_keys else []
@@ -103,7 +107,7 @@ def _build_quantized(
     )
     if problems:
         raise ModelError(f"{ckpt.source}: " + "; ".join(problems))
-    if ckpt.config.tie_word_embeddings and "lm_head.scales" not in state:
+    if ckpt.config.tie_word_embeddings and not own_head:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
 
