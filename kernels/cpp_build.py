@@ -20,13 +20,17 @@ import torch
 from .cpu_features import cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
+AVX512 = {"avx512f", "avx512bw", "avx512vl"}
 
 
 def _cpu_flags() -> list[str]:
-    """-O3, and AVX2/FMA where this CPU has them (the build is this machine's own)."""
+    """-O3, and AVX2/FMA/F16C where this CPU has them, and AVX-512 F/BW/VL for the GGUF block
+    kernels (the build is this machine's own)."""
     flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
-        flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
+        flags += ["-mavx2", "-mfma", "-mf16c"]
+        if AVX512 <= cpu_flags():
+            flags += ["-DMSA_GGML_AVX512"]  # the GGUF block kernels only (ggml_blocks.h)
     return flags
 
 
@@ -55,7 +59,9 @@ class CppExtension:
         from torch.utils.cpp_extension import get_default_build_root
 
         flags = _cpu_flags()
-        name = self.name + ("_avx2" if "-mavx2" in flags else "")
+        name = self.name + (
+            "_avx512" if "-mavx512f" in flags else "_avx2" if "-mavx2" in flags else ""
+        )
         root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
         python = f"py{sys.version_info.major}{sys.version_info.minor}"
         version = f"{python}-torch{torch.__version__.replace('+', '_')}-{_sources_digest()}"

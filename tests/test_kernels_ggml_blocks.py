@@ -56,8 +56,8 @@ def test_one_row_product_is_the_reference_product(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_many_rows_multiply_tile_by_tile(qtype):
-    # 256 inputs: 4096-row tiles, so 4100 rows take two, the second of 4
-    blocks, w = random_weight(qtype, 4100, 256, seed=2)
+    # 256 inputs: 16384-row tiles, so 16390 rows take two, the second of 6
+    blocks, w = random_weight(qtype, 16390, 256, seed=2)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
     exact, tol = fp64_product(x, w)
     got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype])

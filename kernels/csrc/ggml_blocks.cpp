@@ -42,8 +42,9 @@ at::Tensor dequantize(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64
   return out;
 }
 
-// x [M, k] fp32 -> x W^T [M, N] fp32: a matvec per row for a few rows, else row tiles of W
-// dequantized to fp32 (about 4 MB each) and multiplied by a GEMM.
+// x [M, k] fp32 -> x W^T [M, N] fp32: a matvec for one row, else row tiles of W dequantized to
+// fp32 (about 16 MB each: smaller ones made the GEMMs several times slower, measured) and
+// multiplied by a GEMM.
 at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K]");
   const Rows w = rows_of(blocks, type, row_ids, x.size(1));
@@ -55,8 +56,8 @@ at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_
     return y;
   }
   at::Tensor yt = at::empty({w.n, m}, at::kFloat);  // rows of W by rows: tiles write whole rows
-  const int64_t tile = std::max<int64_t>(16, (int64_t{1} << 20) / w.k);
-  at::Tensor xt = x.t();
+  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 22) / w.k);
+  const at::Tensor xt = x.t().contiguous();
   for (int64_t first = 0; first < w.n; first += tile) {
     const int64_t last = std::min(w.n, first + tile);
     at::Tensor out = yt.narrow(0, first, last - first);
