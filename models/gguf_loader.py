@@ -3,8 +3,9 @@
 Reading the metadata (gguf_header.py) and building the tokenizer from its vocabulary takes a
 second or more on a real file, so the first load writes a small converted copy into
 `converted_dir`: tokenizer.json and meta.json (the config as a Hugging Face dict, the tensor
-index, the chat template). Every load then maps the GGUF and converts its tensors one at a time
-(gguf_tensors.py); the only weights kept are the int8 roundings of tensors of other types,
+index, the chat template). Every load then maps the GGUF (gguf_tensors.py): its Q4_K, Q6_K,
+Q5_0 and Q8_0 tensors (a Q4_K_M file's) stay in their mapped blocks, other types are converted
+one tensor at a time; the only weights kept are the int8 roundings of tensors of other types,
 where they take no more room than the GGUF.
 """
 
@@ -90,9 +91,10 @@ def load_gguf(
 ) -> Checkpoint:
     """Load a GGUF model, its tokenizer and tensor index through a converted copy under
     `converted_root` when one is given, its weights from the file (gguf_tensors.py) for `quant`:
-    None (as stored: Q4 types int4, other quantized types int8, floats as floats), "int8",
-    "int4" or "none" (floating point). `meta["quantization"]` of the checkpoint names the
-    result ("int4", "int8", "int4+int8" or None)."""
+    None (as stored: Q4_K/Q6_K/Q5_0/Q8_0 in their blocks, Q4_0/Q4_1 int4, other quantized
+    types int8, floats as floats), "int8", "int4" or "none" (floating point).
+    `meta["quantization"]` of the checkpoint names the result (gguf_tensors.quantization_label:
+    "Q4_K+Q5_0+Q6_K+Q8_0", "int4", "int4+int8"... or None)."""
     import tempfile
 
     path = Path(path)

@@ -93,7 +93,8 @@ class Int8Copy:
     """The int8 roundings of a GGUF's tensors (`{gguf name}.weight/.scales`), kept in one
     safetensors file beside the converted copy: rounding them again is most of a later load's
     time (Qwen2.5-0.5B Q4_K_M: its Q5_0/Q6_K/Q8_0 tensors). Written only when no larger than
-    the GGUF itself; the Q4 types and the embedding are read from the GGUF at every load."""
+    the GGUF itself; the types kept in blocks, Q4_0/Q4_1 and the embedding are read from the
+    GGUF at every load."""
 
     def __init__(self, path: Path | None, limit: int):
         self.path, self.limit, self.new = path, limit, {}

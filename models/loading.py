@@ -41,7 +41,8 @@ class LoadedModel:
     tokenizer: TextTokenizer
     digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
-    # "int8", "int4", "int4+int8" (a GGUF of mixed types) or None (floating point)
+    # "int8", "int4", a GGUF's types kept in their blocks ("Q4_K+Q6_K"), several joined by "+"
+    # (gguf_tensors.quantization_label), or None (floating point)
     quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
 
@@ -139,9 +140,9 @@ def load_model(
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
-    the file stores them: a GGUF's Q4_0/Q4_1/Q4_K tensors in int4 from their own blocks, its
-    other quantized ones in int8 (gguf_tensors.py), a quantized copy in its own mode, anything
-    else in floating point.
+    the file stores them: a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 tensors in their own mapped blocks, its
+    Q4_0/Q4_1 ones in int4 from their blocks, its other quantized ones in int8
+    (gguf_tensors.py), a quantized copy in its own mode, anything else in floating point.
 
     `converted_root` is where GGUF files keep a converted copy (tokenizer, tensor index) for
     fast later loads. `registered`: models the user registered by path (local_models.py).
