@@ -35,8 +35,9 @@ from .gguf_tensors import (
 from .gguf_vocab import vocab_from_metadata
 from .tokenizer import ChatTemplate, TextTokenizer
 
-CONVERTED_FORMAT = 4  # 4: no weights copy; meta.json has the tensor index, the HF config
-# and the prompt's BOS, EOS and stop tokens (gguf_vocab.py)
+CONVERTED_FORMAT = 5  # 4: no weights copy; meta.json has the tensor index, the HF config
+# and the prompt's BOS, EOS and stop tokens (gguf_vocab.py); 5: Q4_K/Q6_K/Q5_0/Q8_0 tensors
+# stay in the GGUF's blocks, so an older int8 copy (of those) is dropped
 INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (Int8Copy)
 
 
@@ -117,6 +118,7 @@ def load_gguf(
                 meta = None
         if not meta or meta.get("format") != CONVERTED_FORMAT or meta.get("digest") != digest:
             _convert(path, digest, out)
+            (out / INT8_COPY).unlink(missing_ok=True)  # an older format's roundings
             meta = json.loads(meta_path.read_text())
         config = _config(meta["config"])
         index = index_from_json(meta["tensors"])

@@ -302,3 +302,23 @@ def test_fused_decode_step_reads_the_blocks(tmp_path, monkeypatch):
     assert runs == list(range(len(IDS), len(IDS) + len(steps)))
     # the same fp32 products of the same blocks: only the order of float sums differs
     assert_close(fused, per_op, atol=1e-5 * float(per_op.abs().max()), what="fused logits")
+
+
+def test_an_older_converted_copy_drops_its_int8_roundings(tmp_path):
+    """A copy of format 4 kept int8 roundings of Q5_0/Q6_K/Q8_0 tensors, which now stay in
+    their blocks: the next load writes the copy again without them."""
+    import json
+
+    config = qwen3_config()
+    path = tmp_path / "tiny-qwen3-blocks.gguf"
+    state = random_qwen3_hf(config).state_dict()
+    write_tiny_gguf(path, config, state, arch="qwen3", qtypes=BLOCK_TYPES)
+    first = load_model(str(path), converted_root=tmp_path / "converted")
+    (kept,) = [p for p in (tmp_path / "converted").iterdir() if p.name != "digests"]
+    meta = json.loads((kept / "meta.json").read_text())
+    (kept / "meta.json").write_text(json.dumps(meta | {"format": 4}))
+    (kept / "int8.safetensors").write_bytes(b"an older copy's roundings")
+    second = load_model(str(path), converted_root=tmp_path / "converted")
+    assert not (kept / "int8.safetensors").exists()
+    assert json.loads((kept / "meta.json").read_text())["format"] == meta["format"]
+    assert second.weights == first.weights == "Q4_K+Q5_0+Q6_K"
