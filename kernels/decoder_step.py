@@ -17,11 +17,12 @@ in the stores yet, which the step asks for instead of reading (see `DecoderStep.
 linear is a spec `(kind, a, b, group)`: `(FP32, weight [N, K], empty, 0)`,
 `(INT8, int8 weight [N, K], bf16 scales [N], 0)` or `(INT4, packed, bf16 scales_zeros, group
 size)` in the layouts of PyTorch's CPU kernels `_weight_int8pack_mm` and
-`_weight_int4pack_mm_for_cpu`, whose activations are bf16; a fifth element, an fp32 bias [N]
-(empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as one spec
-each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats, as a GGUF
-Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`, `k_norm` (fp32
-[D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 does.
+`_weight_int4pack_mm_for_cpu`, whose activations are bf16, or `(GGML, blocks, row ids, GGML
+type)`: a GGUF's own blocks (ggml_blocks.py), multiplied in fp32; a fifth element, an fp32
+bias [N] (empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as
+one spec each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats,
+as a GGUF Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`,
+`k_norm` (fp32 [D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 does.
 
 `decoder_step_reference` (decoder_step_reference.py) is the definition in plain PyTorch;
 `DecoderStep` runs the C++
@@ -34,22 +35,16 @@ with the reason in `build_error()`, where it cannot be built: callers keep their
 from __future__ import annotations
 
 import math
-import os
-import platform
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from .cpu_features import cpu_flags
+from .cpp_build import CppExtension
 
-FP32, INT8, INT4 = 0, 1, 2
-SOURCE = Path(__file__).parent / "csrc" / "decoder_step.cpp"
+FP32, INT8, INT4, GGML = 0, 1, 2, 3
 NEVER = 2**62  # a position no input reaches: "never sparse", "never bounded"
-
-_extension = None
-_error: str | None = None
+# the fused step; it reads GGUF blocks with the per-op kernels' own code (ggml_blocks.h)
+_EXTENSION = CppExtension("msa_decoder_step", ["decoder_step.cpp"], off_by="MSA_NO_FUSED_DECODE")
 
 
 @dataclass(frozen=True)
@@ -77,66 +72,19 @@ class StepSettings:
         ]
 
 
-def _cpu_flags() -> list[str]:
-    """-O3, and AVX2/FMA where this CPU has them (the build is this machine's own)."""
-    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
-        flags += ["-mavx2", "-mfma"]
-    return flags
-
-
-def _build_target() -> tuple[str, list[str], Path]:
-    """The extension's name, compiler flags and build folder (under PyTorch's extension root,
-    TORCH_EXTENSIONS_DIR when set, one folder per flavour, Python and PyTorch version)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    flags = _cpu_flags()
-    name = "msa_decoder_step" + ("_avx2" if "-mavx2" in flags else "")
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    version = f"{python}-torch{torch.__version__.replace('+', '_')}"
-    return name, flags, root / f"{name}-{version}"
-
-
 def needs_build() -> bool:
     """Whether `compiled_extension()` would compile first (no build for this machine yet)."""
-    if _extension is not None or _error is not None or os.environ.get("MSA_NO_FUSED_DECODE"):
-        return False
-    name, _, folder = _build_target()
-    return not (folder / f"{name}.so").exists()
+    return _EXTENSION.needs_build()
 
 
 def compiled_extension():
     """The built extension module, or None where it cannot be built (see `build_error`)."""
-    global _extension, _error
-    if _extension is None and _error is None:
-        if os.environ.get("MSA_NO_FUSED_DECODE"):
-            _error = "turned off by MSA_NO_FUSED_DECODE"
-            return None
-        try:
-            from torch.utils.cpp_extension import load
-
-            name, flags, folder = _build_target()
-            folder.mkdir(parents=True, exist_ok=True)
-            _extension = load(
-                name=name,
-                sources=[str(SOURCE)],
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(folder),
-                verbose=False,
-            )
-        except (
-            Exception
-        ) as e:  # no compiler, no ninja, no headers, no room: the per-op path remains
-            lines = str(e).strip().splitlines()
-            _error = f"{type(e).__name__}: {lines[0] if lines else 'no message'}"
-    return _extension
+    return _EXTENSION.load()
 
 
 def build_error() -> str | None:
     """Why `compiled_extension()` is None (None while it has not been tried, or it was built)."""
-    return _error
+    return _EXTENSION.error
 
 
 class DecoderStep:

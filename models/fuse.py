@@ -73,7 +73,8 @@ def fuse_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
     """`state` with each fusable group's tensors concatenated under the fused name, in place (the
     parts are dropped as each group is fused: one model's worth of weights at a time); returns
     it. A group stays unfused when a part is missing from `state` or the parts differ in format
-    (an int4 q with an int8 v, as a GGUF may store them: one matmul cannot take both)."""
+    (an int4 q with an int8 v, as a GGUF may store them: one matmul cannot take both), and so
+    do a GGUF's mapped blocks (no `.weight`: joining them would copy them into memory)."""
     for name, _, fused, parts in _fusable(model):
         prefix = f"{name}." if name else ""
         formats = [_format(state, f"{prefix}{p}") for p in parts]

@@ -23,6 +23,7 @@ from torch import nn
 from msa.kernels import decoder_step as kernel
 
 from .attention_plan import AttentionPlan, ModelAttention
+from .ggml_linear import GgmlLinear
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
 
@@ -35,6 +36,8 @@ def linear_spec(linear: nn.Module):
     none), or None if it has no such form."""
     bias = getattr(linear, "bias", None)
     bias = torch.empty(0) if bias is None else bias.detach().float().contiguous()
+    if isinstance(linear, GgmlLinear):  # (GGML, blocks, row ids, GGML type)
+        return (kernel.GGML, linear.blocks, linear.row_ids, linear.type_id, bias)
     if isinstance(linear, Int4Linear):
         return (kernel.INT4, linear.packed, linear.scales_zeros, linear.group_size, bias)
     if isinstance(linear, Int8Linear):

@@ -3,8 +3,9 @@
 Reading the metadata (gguf_header.py) and building the tokenizer from its vocabulary takes a
 second or more on a real file, so the first load writes a small converted copy into
 `converted_dir`: tokenizer.json and meta.json (the config as a Hugging Face dict, the tensor
-index, the chat template). Every load then maps the GGUF and converts its tensors one at a time
-(gguf_tensors.py); the only weights kept are the int8 roundings of tensors of other types,
+index, the chat template). Every load then maps the GGUF (gguf_tensors.py): its Q4_K, Q6_K,
+Q5_0 and Q8_0 tensors (a Q4_K_M file's) stay in their mapped blocks, other types are converted
+one tensor at a time; the only weights kept are the int8 roundings of tensors of other types,
 where they take no more room than the GGUF.
 """
 
@@ -35,8 +36,9 @@ from .gguf_tensors import (
 from .gguf_vocab import vocab_from_metadata
 from .tokenizer import ChatTemplate, TextTokenizer
 
-CONVERTED_FORMAT = 4  # 4: no weights copy; meta.json has the tensor index, the HF config
-# and the prompt's BOS, EOS and stop tokens (gguf_vocab.py)
+CONVERTED_FORMAT = 5  # 4: no weights copy; meta.json has the tensor index, the HF config
+# and the prompt's BOS, EOS and stop tokens (gguf_vocab.py); 5: Q4_K/Q6_K/Q5_0/Q8_0 tensors
+# stay in the GGUF's blocks, so an older int8 copy (of those) is dropped
 INT8_COPY = "int8.safetensors"  # the int8 roundings of tensors of other types (Int8Copy)
 
 
@@ -107,9 +109,10 @@ def load_gguf(
 ) -> Checkpoint:
     """Load a GGUF model, its tokenizer and tensor index through a converted copy under
     `converted_root` when one is given, its weights from the file (gguf_tensors.py) for `quant`:
-    None (as stored: Q4 types int4, other quantized types int8, floats as floats), "int8",
-    "int4" or "none" (floating point). `meta["quantization"]` of the checkpoint names the
-    result ("int4", "int8", "int4+int8" or None)."""
+    None (as stored: Q4_K/Q6_K/Q5_0/Q8_0 in their blocks, Q4_0/Q4_1 int4, other quantized
+    types int8, floats as floats), "int8", "int4" or "none" (floating point).
+    `meta["quantization"]` of the checkpoint names the result (gguf_tensors.quantization_label:
+    "Q4_K+Q5_0+Q6_K+Q8_0", "int4", "int4+int8"... or None)."""
     import tempfile
 
     path = Path(path)
@@ -132,6 +135,7 @@ def load_gguf(
                 meta = None
         if not meta or meta.get("format") != CONVERTED_FORMAT or meta.get("digest") != digest:
             _convert(path, digest, out)
+            (out / INT8_COPY).unlink(missing_ok=True)  # an older format's roundings
             meta = json.loads(meta_path.read_text())
         config = _config(meta["config"])
         index = index_from_json(meta["tensors"])

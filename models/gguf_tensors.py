@@ -3,20 +3,26 @@ memory-mapped file (never a whole fp32 model in memory or on disk).
 
 The tensor index (name, type, shape, offset) is kept in the converted copy's meta.json, so a
 later load maps the file and reads its tensors without parsing its metadata (the vocabulary:
-seconds). Each matmul weight becomes (gguf_blocks.py): int4 when its type is Q4_0/Q4_1/Q4_K
-(exactly), else int8 per output channel (or int4 when asked), or floats when its type is or the
-caller asks for floating point. A quantized token embedding stays in its blocks
-(quantized_embedding.py); a tied output head gets int8 rows of it.
+seconds). The file is mapped read-only. A matmul weight of type Q4_K, Q6_K, Q5_0 or Q8_0 (a
+Q4_K_M file's types) stays in its blocks, a view of the mapping (ggml_linear.py): nothing is
+converted, and a second start is the header's index read back and the mapping. The other types
+become (gguf_blocks.py) int4 when Q4_0/Q4_1 (exactly), else int8 per output channel, or floats
+when the type is floating. Asked for "int8", "int4" or floating point, every weight is
+converted so. A quantized token embedding stays in its blocks (quantized_embedding.py); a tied
+output head reads the same blocks, or gets int8 rows of them where no kernel reads its type.
 """
 
 from __future__ import annotations
 
 import mmap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from msa.kernels.ggml_blocks import BLOCK_VALUES as KERNEL_TYPES
 
 from .errors import DiskError, ModelError
 from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
@@ -69,10 +75,12 @@ def check_types(index: list[TensorInfo]) -> None:
 
 
 def _target(name: str, t: TensorInfo, mode: str | None) -> str:
-    """How a matmul weight computes: "float", "int4" or "int8"."""
+    """How a matmul weight computes: "float", "ggml" (its own blocks), "int4" or "int8"."""
     if mode == FLOAT or (mode is None and t.type_name in FLOAT_TYPES):
         return "float"
     n_rows, n_cols = t.rows_cols
+    if mode is None and n_cols % KERNEL_TYPES.get(t.type_name, n_cols + 1) == 0:
+        return "ggml"
     fits_int4 = n_cols % 32 == 0 and n_rows % 16 == 0  # the int4 kernel's needs
     if mode != "int8" and fits_int4 and t.type_name in INT4_TYPES:
         return "int4"  # its own blocks, exactly
@@ -85,7 +93,8 @@ class Int8Copy:
     """The int8 roundings of a GGUF's tensors (`{gguf name}.weight/.scales`), kept in one
     safetensors file beside the converted copy: rounding them again is most of a later load's
     time (Qwen2.5-0.5B Q4_K_M: its Q5_0/Q6_K/Q8_0 tensors). Written only when no larger than
-    the GGUF itself; the Q4 types and the embedding are read from the GGUF at every load."""
+    the GGUF itself; the types kept in blocks, Q4_0/Q4_1 and the embedding are read from the
+    GGUF at every load."""
 
     def __init__(self, path: Path | None, limit: int):
         self.path, self.limit, self.new = path, limit, {}
@@ -132,6 +141,8 @@ class Int8Copy:
 
 def _convert(t: TensorInfo, raw: np.ndarray, target: str, int8: Int8Copy):
     n_rows, n_cols = t.rows_cols
+    if target == "ggml":  # the mapped blocks themselves
+        return {"blocks": _mapped(raw).view(n_rows, -1)}
     if target == "float":
         return {"weight": to_float(raw, t.type_name, n_rows, n_cols)}
     if target == "int8":
@@ -152,24 +163,45 @@ def gguf_state(
     roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
     int8 = Int8Copy(int8_copy, path.stat().st_size)
     with open(path, "rb") as f:
-        # copy-on-write: writable views for torch; the file's pages are never written
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     data = np.frombuffer(mapped, dtype=np.uint8)
     state = {}
     for t in index:
         if t.name in CONFIG_TENSORS:
             continue
         state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode, int8)
-        if not t.name.startswith("token_embd."):  # converted: its pages leave the RSS
+        if not t.name.startswith("token_embd.") and _target("", t, mode) != "ggml":
+            # converted: its pages leave the RSS
             start = t.offset - t.offset % mmap.PAGESIZE
             mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
     int8.save()
     return state
 
 
-def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy) -> dict:
+def _mapped(raw: np.ndarray) -> torch.Tensor:
+    """A read-only view of the mapped file as a uint8 tensor (torch warns that it cannot be
+    written: nothing writes it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(raw)
+
+
+def _ggml_type(t: TensorInfo) -> torch.Tensor:
     from gguf import GGMLQuantizationType
 
+    return torch.tensor(GGMLQuantizationType[t.type_name])
+
+
+def _row_ids(name: str, n_rows: int, config, arch: str) -> dict:
+    """`{"row_ids": ...}` where llama.cpp reordered this weight's rows (llama's q and k), else
+    nothing: blocks are whole rows, so the order is undone by reading rows in another order."""
+    ids = unpermute_rows(
+        name, np.arange(n_rows), arch, config.num_attention_heads, config.num_key_value_heads
+    )
+    return {} if (ids == np.arange(n_rows)).all() else {"row_ids": torch.from_numpy(ids.copy())}
+
+
+def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy) -> dict:
     name = our_name(t.name, arch)
     module, _, suffix = name.rpartition(".")
     n_rows, n_cols = t.rows_cols
@@ -180,30 +212,42 @@ def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8:
         if mode == FLOAT or t.type_name in FLOAT_TYPES:
             state = {name: to_float(raw, t.type_name, n_rows, n_cols)}
         else:  # stays in its blocks, mapped (quantized_embedding.py)
-            state = {
-                f"{module}.blocks": torch.from_numpy(raw.reshape(n_rows, -1)),
-                f"{module}.ggml_type": torch.tensor(GGMLQuantizationType[t.type_name]),
-            }
+            blocks = _mapped(raw).view(n_rows, -1)
+            state = {f"{module}.blocks": blocks, f"{module}.ggml_type": _ggml_type(t)}
         head = _target(HEAD, t, mode)
-        if config.tie_word_embeddings and head != "float":
+        if config.tie_word_embeddings and head == "ggml":  # the same blocks
+            state |= {f"{HEAD}.blocks": blocks, f"{HEAD}.ggml_type": _ggml_type(t)}
+        elif config.tie_word_embeddings and head != "float":
             state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head, int8).items()}
         return state
+    target = _target(module, t, mode)
+    if target == "ggml":
+        tensors = _convert(t, raw, target, int8) | _row_ids(name, n_rows, config, arch)
+        state = split_fused_rows(module, tensors, config)
+        types = {k.removesuffix(".blocks"): _ggml_type(t) for k in state if k.endswith(".blocks")}
+        return state | {f"{module}.ggml_type": v for module, v in types.items()}
     tensors = {
         k: unpermute_rows(name, v, arch, config.num_attention_heads, config.num_key_value_heads)
-        for k, v in _convert(t, raw, _target(module, t, mode), int8).items()
+        for k, v in _convert(t, raw, target, int8).items()
     }
     return split_fused_rows(module, {k: v.contiguous() for k, v in tensors.items()}, config)
 
 
 def quantization_label(state: dict[str, torch.Tensor]) -> str | None:
-    """How a state's layers compute, in a word: "int4", "int8", "int4+int8" (a mixed file such as
-    Q4_K_M: Q4_K layers int4, the others int8) or None (floating point). The output head is
-    left out: it is int8 in every quantized mode."""
-    kinds = {
-        "int4" if f"{k[: -len('.scales')]}.mins" in state else "int8"
-        for k in state
-        if k.endswith(".scales") and not k.startswith(f"{HEAD}.")
-    }
+    """How a state's layers compute, in a word: "int4", "int8", the GGUF types kept in their
+    blocks ("Q4_K+Q5_0+Q6_K+Q8_0" for a Q4_K_M file), several joined by "+", or None (floating
+    point). The output head and the embedding are left out."""
+    from gguf import GGMLQuantizationType
+
+    kinds = set()
+    for k, v in state.items():
+        module, _, suffix = k.rpartition(".")
+        if module in (HEAD, "embed_tokens"):
+            continue
+        if suffix == "scales":
+            kinds.add("int4" if f"{module}.mins" in state else "int8")
+        elif suffix == "ggml_type":
+            kinds.add(GGMLQuantizationType(int(v)).name)
     if not kinds:
         return "int8" if f"{HEAD}.scales" in state else None
     return "+".join(sorted(kinds))

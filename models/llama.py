@@ -14,6 +14,7 @@ from .attention_settings import AttentionSettings
 from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
 from .fused_decode import FusedDecode, layer_spec
+from .ggml_linear import GgmlLinear
 from .head_refine import refine_top
 from .kv_cache import KVCache
 from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
@@ -218,8 +219,10 @@ class Transformer(nn.Module):
         """Logits [..., vocab] of the last layer's hidden states x [..., hidden]: fp32 where the
         head computes in fp32, else its top candidates recomputed in fp32 (head_refine.py)."""
         h = self.norm(x)
-        logits = self.lm_head(h)
         head = self.lm_head
+        if isinstance(head, GgmlLinear):  # the file's exact weights, in fp32 whatever the dtype
+            return head(h.float())
+        logits = head(h)
         if isinstance(head, Int4Linear) or (
             isinstance(head, nn.Linear) and head.weight.dtype == torch.float32
         ):
@@ -231,6 +234,8 @@ class Transformer(nn.Module):
         head = self.lm_head
         if self.config.tie_word_embeddings and hasattr(self.embed_tokens, "rows"):
             return self.embed_tokens.rows(ids)  # the GGUF blocks themselves
+        if isinstance(head, GgmlLinear):
+            return head.rows(ids)
         if isinstance(head, Int8Linear):
             return head.weight[ids].float() * head.scales[ids, None].float()
         return head.weight[ids].float()

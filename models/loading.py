@@ -13,6 +13,7 @@ from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
+from .ggml_linear import swap_ggml_for_state
 from .gguf_loader import load_gguf
 from .hf_loader import LAYER_NAME, load_hf_dir
 from .llama import Transformer
@@ -41,7 +42,8 @@ class LoadedModel:
     tokenizer: TextTokenizer
     digest: str  # of the weights as they compute: file, quantization and dtype
     source: str
-    # "int8", "int4", "int4+int8" (a GGUF of mixed types) or None (floating point)
+    # "int8", "int4", a GGUF's types kept in their blocks ("Q4_K+Q6_K"), several joined by "+"
+    # (gguf_tensors.quantization_label), or None (floating point)
     quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
 
@@ -68,7 +70,8 @@ def build_model(
     _check_layer_count(ckpt)
     with torch.device("meta"):
         model = model_class(ckpt.config.architecture)(ckpt.config)
-    blocks = "embed_tokens.blocks" in ckpt.weights  # a GGUF's embedding, kept in its blocks
+    # a GGUF's embedding or matmul weights, kept in its blocks
+    blocks = any(k.endswith(".blocks") for k in ckpt.weights)
     if quant is None and not blocks and not is_quantized_state(ckpt.weights):
         load_state(model, {k: v.to(dtype) for k, v in ckpt.weights.items()}, source=ckpt.source)
         if fuse:
@@ -98,6 +101,7 @@ def _build_quantized(
         fuse_state(model, state)
         fuse_projections(model, state)
     swap_for_state(model, state)
+    swap_ggml_for_state(model, state)
     swap_embedding_for_state(model, state, dtype)
     int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
     copy_dtype = (
@@ -107,7 +111,8 @@ def _build_quantized(
         m.keep_prefill_copy = copy_dtype
     quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".scales", ".blocks"))}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
-    if "lm_head.scales" not in state and ckpt.config.tie_word_embeddings:
+    own_head = "lm_head.scales" in state or "lm_head.blocks" in state  # quantized on its own
+    if not own_head and ckpt.config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     result = model.load_state_dict(state, strict=False, assign=True)
     problems = [f"missing {', '.join(result.missing_keys[:8])}"] if result.missing_keys else []
@@ -116,7 +121,7 @@ def _build_quantized(
     )
     if problems:
         raise ModelError(f"{ckpt.source}: " + "; ".join(problems))
-    if ckpt.config.tie_word_embeddings and "lm_head.scales" not in state:
+    if ckpt.config.tie_word_embeddings and not own_head:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
 
@@ -149,9 +154,9 @@ def load_model(
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
     model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
-    the file stores them: a GGUF's Q4_0/Q4_1/Q4_K tensors in int4 from their own blocks, its
-    other quantized ones in int8 (gguf_tensors.py), a quantized copy in its own mode, anything
-    else in floating point.
+    the file stores them: a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 tensors in their own mapped blocks, its
+    Q4_0/Q4_1 ones in int4 from their blocks, its other quantized ones in int8
+    (gguf_tensors.py), a quantized copy in its own mode, anything else in floating point.
 
     `converted_root` is where GGUF files keep a converted copy (tokenizer, tensor index) for
     fast later loads. `registered`: models the user registered by path (local_models.py).

@@ -4,7 +4,8 @@ A vocabulary of 150K-260K tokens makes the embedding a large share of a small mo
 is 4.4x the bytes of a Q8_0 table and 6.4x a Q5_0 one. Its rows are read a few at a time (the
 tokens of a chunk), so they stay in the file's blocks and each lookup dequantizes its rows with
 llama.cpp's own reference (gguf_blocks.dequantize_rows): the same values llama.cpp computes with.
-A tied output head cannot read the blocks this way; the GGUF loader gives it int8 rows instead.
+A tied output head multiplies the same blocks (ggml_linear.py), or int8 rows of them where no
+kernel reads their type.
 
 State: `embed_tokens.blocks` (uint8 [vocab, bytes per row]) and `embed_tokens.ggml_type` (the
 GGMLQuantizationType value, a 0-d tensor).

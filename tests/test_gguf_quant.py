@@ -12,6 +12,7 @@ from tiny_checkpoints import gguf_blocks, write_tiny_gguf
 
 from msa.models import ModelError
 from msa.models.config import Qwen3Config
+from msa.models.ggml_linear import GgmlLinear
 from msa.models.gguf_blocks import to_int4, to_int8
 from msa.models.int_formats import dequantize_int4, dequantize_int8
 from msa.models.loading import load_model
@@ -173,17 +174,19 @@ def test_mixed_gguf_as_stored_computes_its_dequantized_weights(mixed_qwen3):
     assert_close(got, expected, atol=1e-4, what="qwen3 gguf fp32")
 
     stored = load_model(str(path), converted_root=None)
-    assert stored.weights == "int4+int8" and stored.digest != plain.digest
+    assert stored.weights == "Q4_K+Q5_0+Q6_K+Q8_0+int4+int8" and stored.digest != plain.digest
     layers = stored.model.layers
-    assert isinstance(layers[0].self_attn.q_proj, Int4Linear)  # Q4_K
-    assert isinstance(layers[0].self_attn.v_proj, Int8Linear)  # Q5_0, so q/k/v unfused
+    assert isinstance(layers[0].self_attn.q_proj, GgmlLinear)  # Q4_K, its own blocks
+    assert isinstance(layers[0].self_attn.k_proj, Int4Linear)  # Q4_0
+    assert isinstance(layers[0].self_attn.v_proj, GgmlLinear)  # Q5_0, so q/k/v unfused
     assert isinstance(layers[1].self_attn.qkv_proj, Int4Linear)  # Q4_1 x 3: fused
-    assert isinstance(layers[1].mlp.gate_up_proj, Int8Linear)  # Q5_0 x 2: fused
-    assert isinstance(stored.model.lm_head, Int8Linear)  # Q6_K
+    assert isinstance(layers[1].mlp.up_proj, GgmlLinear)  # Q5_0 blocks: never copied to fuse
+    assert isinstance(layers[1].self_attn.o_proj, Int8Linear)  # Q5_1
+    assert isinstance(stored.model.lm_head, GgmlLinear)  # Q6_K
     assert stored.model.prepare_decode() is None  # mixed layer 0 too: its parts one by one
     got = stored.model(torch.tensor(IDS), stored.model.new_cache(), all_logits=True)
-    # int4 layers are exact; int8 rounding of the others and the kernels' bf16 activations move
-    # logits of magnitude ~3 by ~0.05 (measured 0.04); the top token stays where it leads by more
+    # blocks and int4 layers are exact; the int8 rounding of Q5_1 and the int kernels' bf16
+    # activations move logits of magnitude ~3 by ~0.05; the top token stays where it leads by more
     atol = 0.15
     assert_close(got, expected, atol=atol, what="qwen3 gguf as stored")
     top2 = expected.topk(2, dim=-1).values
@@ -231,3 +234,91 @@ def test_a_gguf_without_head_count_is_one_line(tmp_path):
     path.write_bytes(data.replace(key + b"\x04", b"qwen3.attention.head_coun_\x04", 1))
     with pytest.raises(ModelError, match=r"^the GGUF file has no qwen3\.attention\.head_count$"):
         load_model(str(path), converted_root=None)
+
+
+# the types of a Q4_K_M file, each kept in its own blocks
+BLOCK_TYPES = {
+    "token_embd.weight": "Q6_K",
+    "output.weight": "Q8_0",
+    **{f"blk.{i}.{m}.weight": "Q4_K" for i in (0, 1) for m in ("attn_q", "attn_k", "ffn_up")},
+    **{f"blk.{i}.{m}.weight": "Q6_K" for i in (0, 1) for m in ("attn_v", "ffn_down")},
+    **{f"blk.{i}.{m}.weight": "Q5_0" for i in (0, 1) for m in ("attn_output", "ffn_gate")},
+}
+
+
+def mapped_from(path, address: int) -> bool:
+    """Whether `address` lies in a memory mapping of the file at `path` (/proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path):
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                if start <= address < end:
+                    return True
+    return False
+
+
+def test_blocks_are_mapped_not_copied_and_compute_the_files_weights(tmp_path):
+    config = qwen3_config()
+    hf_model = random_qwen3_hf(config)
+    path = tmp_path / "tiny-qwen3-blocks.gguf"
+    write_tiny_gguf(path, config, hf_model.state_dict(), arch="qwen3", qtypes=BLOCK_TYPES)
+    file_weights_into(hf_model, path)
+    loaded = load_model(str(path), converted_root=None)
+    assert loaded.weights == "Q4_K+Q5_0+Q6_K"  # the layers' types (head and embedding apart)
+    down = loaded.model.layers[1].mlp.down_proj
+    assert isinstance(down, GgmlLinear) and mapped_from(path, down.blocks.data_ptr())
+    reader = gguf.GGUFReader(str(path))
+    raw = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
+    assert down.blocks.numpy().tobytes() == np.asarray(raw.data).tobytes()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([IDS])).logits[0]
+    got = loaded.model(torch.tensor(IDS), loaded.model.new_cache(), all_logits=True)
+    # the exact weights in fp32: only summation order differs (int8 copies were off by ~0.05)
+    assert_close(got, expected, atol=2e-4, what="qwen3 gguf blocks")
+
+
+def test_fused_decode_step_reads_the_blocks(tmp_path, monkeypatch):
+    from msa.kernels import decoder_step
+
+    config = qwen3_config()
+    path = tmp_path / "tiny-qwen3-blocks.gguf"
+    state = random_qwen3_hf(config).state_dict()
+    write_tiny_gguf(path, config, state, arch="qwen3", qtypes=BLOCK_TYPES)
+    model = load_model(str(path), converted_root=None).model
+    assert model.prepare_decode() is None, model.per_op_reason
+    runs, kernel_step = [], decoder_step.DecoderStep.step
+    monkeypatch.setattr(
+        decoder_step.DecoderStep,
+        "step",
+        lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
+    )
+    caches = [model.new_cache(capacity=64) for _ in range(2)]
+    for cache in caches:
+        model(torch.tensor(IDS), cache, fused=False)
+    steps = torch.tensor([4, 77, 150, 23])
+    fused = torch.stack([model(t[None], caches[0]) for t in steps])
+    per_op = torch.stack([model(t[None], caches[1], fused=False) for t in steps])
+    assert runs == list(range(len(IDS), len(IDS) + len(steps)))
+    # the same fp32 products of the same blocks: only the order of float sums differs
+    assert_close(fused, per_op, atol=1e-5 * float(per_op.abs().max()), what="fused logits")
+
+
+def test_an_older_converted_copy_drops_its_int8_roundings(tmp_path):
+    """A copy of format 4 kept int8 roundings of Q5_0/Q6_K/Q8_0 tensors, which now stay in
+    their blocks: the next load writes the copy again without them."""
+    import json
+
+    config = qwen3_config()
+    path = tmp_path / "tiny-qwen3-blocks.gguf"
+    state = random_qwen3_hf(config).state_dict()
+    write_tiny_gguf(path, config, state, arch="qwen3", qtypes=BLOCK_TYPES)
+    first = load_model(str(path), converted_root=tmp_path / "converted")
+    (kept,) = [p for p in (tmp_path / "converted").iterdir() if p.name != "digests"]
+    meta = json.loads((kept / "meta.json").read_text())
+    (kept / "meta.json").write_text(json.dumps(meta | {"format": 4}))
+    (kept / "int8.safetensors").write_bytes(b"an older copy's roundings")
+    second = load_model(str(path), converted_root=tmp_path / "converted")
+    assert not (kept / "int8.safetensors").exists()
+    assert json.loads((kept / "meta.json").read_text())["format"] == meta["format"]
+    assert second.weights == first.weights == "Q4_K+Q5_0+Q6_K"

@@ -89,9 +89,15 @@ def test_gguf_quantized_weights_dequantize_near_the_originals(tmp_path, qtype, t
     weights = random_llama_weights(config)
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, config, weights, qtype=qtype)
-    as_stored = {"F16": "fp32", "Q8_0": "int8", "Q4_1": "int4", "Q4_0": "int4"}[qtype]
-    assert load_model(str(path), converted_root=None).weights == as_stored
+    as_stored = {"F16": "fp32", "Q8_0": "Q8_0", "Q4_1": "int4", "Q4_0": "int4"}[qtype]
+    stored = load_model(str(path), converted_root=None)
+    assert stored.weights == as_stored
     loaded = load_model(str(path), converted_root=None, fuse=False, quant="none")
+    if qtype == "Q8_0":  # kept in its blocks: the same weights, q/k rows read in Llama's order
+        ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+        got = stored.model(ids, stored.model.new_cache(), all_logits=True)
+        expected = loaded.model(ids, loaded.model.new_cache(), all_logits=True)
+        assert_close(got, expected, atol=1e-4, what="Q8_0 blocks")
     for ours, theirs in [
         ("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
         ("layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),

@@ -20,24 +20,30 @@
 #include <tuple>
 #include <vector>
 
+#include "ggml_blocks.h"
+
 namespace {
 
-enum Kind : int64_t { FP32 = 0, INT8 = 1, INT4 = 2 };
+enum Kind : int64_t { FP32 = 0, INT8 = 1, INT4 = 2, GGML = 3 };
 
-// A linear map y = W x (+ bias) in one of three weight formats (see quantize.py for the int
-// formats).
+// A linear map y = W x (+ bias) in one of four weight formats (see quantize.py for the int
+// formats, ggml_blocks.h for a GGUF's blocks).
 struct Linear {
   int64_t kind = FP32;
-  at::Tensor a;       // fp32 weight [N, K] | int8 weight [N, K] | int4 packed weight
-  at::Tensor b;       // -                  | bf16 scales [N]    | bf16 scales_zeros [K/g, N, 2]
-  int64_t group = 0;  // int4 group size
+  at::Tensor a;       // fp32 weight [N, K] | int8 weight [N, K] | int4 packed weight | blocks [R, bytes]
+  at::Tensor b;       // -                  | bf16 scales [N]    | bf16 scales_zeros [K/g, N, 2] | row ids
+  int64_t group = 0;  // int4 group size | GGML type
   at::Tensor bias;    // fp32 [N], or undefined: none (Qwen2's q/k/v, Llama's attention_bias)
   int64_t in = 0, out = 0;
 
   // y[0..out) = W x[0..in) (+ bias, in fp32 as the per-op modules add it); the int kernels
-  // take bf16 activations and give bf16 back.
+  // take bf16 activations and give bf16 back; GGUF blocks multiply in fp32.
   void apply(const float* x, float* y) const {
-    if (kind == FP32) {
+    if (kind == GGML) {
+      const int64_t row_bytes = in / ggml_blocks::block_values(group) * ggml_blocks::block_bytes(group);
+      const int64_t* ids = b.numel() > 0 ? b.data_ptr<int64_t>() : nullptr;
+      ggml_blocks::matvec(group, a.data_ptr<uint8_t>(), row_bytes, ids, out, in, x, y);
+    } else if (kind == FP32) {
       at::Tensor xt = at::from_blob(const_cast<float*>(x), {in}, at::kFloat);
       at::Tensor yt = at::from_blob(y, {out}, at::kFloat);
       at::mv_out(yt, a, xt);
@@ -362,6 +368,13 @@ Linear make_linear(const py::tuple& spec, int64_t in, int64_t out) {
   l.group = spec[3].cast<int64_t>();
   l.in = in;
   l.out = out;
+  if (l.kind == GGML) {
+    TORCH_CHECK(ggml_blocks::supported(l.group) && in % ggml_blocks::block_values(l.group) == 0 &&
+                    l.a.scalar_type() == at::kByte && l.a.is_contiguous() &&
+                    l.a.size(1) == in / ggml_blocks::block_values(l.group) * ggml_blocks::block_bytes(l.group) &&
+                    (l.b.numel() == 0 ? l.a.size(0) == out : l.b.numel() == out && l.b.scalar_type() == at::kLong),
+                "GGUF blocks must be contiguous uint8 [rows, bytes of a row of `in`], row ids int64 [out]");
+  }
   if (spec.size() > 4) {
     at::Tensor bias = spec[4].cast<at::Tensor>();
     if (bias.numel() > 0) {

@@ -1,0 +1,102 @@
+"""C++ extensions built on this machine the first time they are asked for.
+
+PyTorch's extension builder compiles them (a C++ compiler and ninja are needed; under a minute,
+then cached in PyTorch's extension folder, `TORCH_EXTENSIONS_DIR`), with -O3, OpenMP and
+AVX2/FMA where this CPU has them. Where one cannot be built, `load()` returns None with the
+reason in `error`: callers keep a slower path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from .cpu_features import cpu_flags
+
+CSRC = Path(__file__).parent / "csrc"
+AVX512 = {"avx512f", "avx512bw", "avx512vl"}
+
+
+def _cpu_flags() -> list[str]:
+    """-O3, and AVX2/FMA/F16C where this CPU has them, and AVX-512 F/BW/VL for the GGUF block
+    kernels (the build is this machine's own)."""
+    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
+        flags += ["-mavx2", "-mfma", "-mf16c"]
+        if AVX512 <= cpu_flags():
+            flags += ["-DMSA_GGML_AVX512"]  # the GGUF block kernels only (ggml_blocks.h)
+    return flags
+
+
+@cache
+def _sources_digest() -> str:
+    """A short digest of every file in csrc/ (sources and the headers they include)."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+class CppExtension:
+    """One extension module from `sources` (file names under csrc/; headers there are found by
+    their `#include "..."`), off while the environment variable `off_by` is set."""
+
+    def __init__(self, name: str, sources: list[str], off_by: str | None = None):
+        self.name, self.sources, self.off_by = name, [CSRC / s for s in sources], off_by
+        self.module = None
+        self.error: str | None = None
+
+    def _target(self) -> tuple[str, list[str], Path]:
+        """The module's name, compiler flags and build folder (under PyTorch's extension root,
+        one folder per flavour, Python and PyTorch version, and content of csrc/: two versions
+        of the sources, such as two checkouts, never rebuild over each other)."""
+        from torch.utils.cpp_extension import get_default_build_root
+
+        flags = _cpu_flags()
+        name = self.name + (
+            "_avx512" if "-mavx512f" in flags else "_avx2" if "-mavx2" in flags else ""
+        )
+        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+        python = f"py{sys.version_info.major}{sys.version_info.minor}"
+        version = f"{python}-torch{torch.__version__.replace('+', '_')}-{_sources_digest()}"
+        return name, flags, root / f"{name}-{version}"
+
+    def _off(self) -> bool:
+        return bool(self.off_by and os.environ.get(self.off_by))
+
+    def needs_build(self) -> bool:
+        """Whether `load()` would compile first (no build for this machine yet)."""
+        if self.module is not None or self.error is not None or self._off():
+            return False
+        name, _, folder = self._target()
+        return not (folder / f"{name}.so").exists()
+
+    def load(self):
+        """The built module, or None where it cannot be built (see `error`)."""
+        if self.module is None and self.error is None:
+            if self._off():
+                self.error = f"turned off by {self.off_by}"
+                return None
+            try:
+                from torch.utils.cpp_extension import load
+
+                name, flags, folder = self._target()
+                folder.mkdir(parents=True, exist_ok=True)
+                self.module = load(
+                    name=name,
+                    sources=[str(s) for s in self.sources],
+                    extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
+                    verbose=False,
+                )
+            except Exception as e:  # no compiler, no ninja, no headers, no room
+                lines = str(e).strip().splitlines()
+                self.error = f"{type(e).__name__}: {lines[0] if lines else 'no message'}"
+        return self.module

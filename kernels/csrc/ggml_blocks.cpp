@@ -1,0 +1,74 @@
+// Per-op kernels over a GGUF's own blocks (ggml_blocks.h): the products of a linear layer whose
+// weights stay in the file's Q4_K / Q6_K / Q5_0 / Q8_0 blocks. See msa.kernels.ggml_blocks.
+#include <torch/extension.h>
+
+#include "ggml_blocks.h"
+
+namespace {
+
+// The weight's rows: blocks uint8 [R, row_bytes] (a view of the mapped file), optional row ids
+// int64 [N] (an output row's row in `blocks`: llama.cpp's q/k row order undone without a copy).
+struct Rows {
+  const uint8_t* base;
+  int64_t row_bytes, n, k, type;
+  const int64_t* ids;
+};
+
+Rows rows_of(const at::Tensor& blocks, int64_t type, const at::Tensor& row_ids, int64_t k) {
+  TORCH_CHECK(ggml_blocks::supported(type), "ggml type ", type, " has no kernel");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
+              "blocks must be contiguous uint8 [rows, bytes per row]");
+  TORCH_CHECK(k % ggml_blocks::block_values(type) == 0, "the input width must be whole blocks");
+  const int64_t row_bytes = k / ggml_blocks::block_values(type) * ggml_blocks::block_bytes(type);
+  TORCH_CHECK(blocks.size(1) == row_bytes, "blocks hold ", blocks.size(1), " bytes a row, not ", row_bytes);
+  int64_t n = blocks.size(0);
+  const int64_t* ids = nullptr;
+  if (row_ids.numel() > 0) {
+    TORCH_CHECK(row_ids.scalar_type() == at::kLong && row_ids.is_contiguous(), "row ids must be int64");
+    ids = row_ids.data_ptr<int64_t>();
+    n = row_ids.numel();
+  }
+  return {blocks.data_ptr<uint8_t>(), row_bytes, n, k, type, ids};
+}
+
+// fp32 [last - first, k]: rows first..last-1 of the weight.
+at::Tensor dequantize(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64_t k, int64_t first, int64_t last) {
+  const Rows w = rows_of(blocks, type, row_ids, k);
+  TORCH_CHECK(0 <= first && first <= last && last <= w.n, "rows out of range");
+  at::Tensor out = at::empty({last - first, k}, at::kFloat);
+  const int64_t* ids = w.ids ? w.ids + first : nullptr;
+  const uint8_t* base = ids ? w.base : w.base + first * w.row_bytes;
+  ggml_blocks::dequantize_rows(type, base, w.row_bytes, ids, last - first, k, out.data_ptr<float>());
+  return out;
+}
+
+// x [M, k] fp32 -> x W^T [M, N] fp32: a matvec for one row, else row tiles of W dequantized to
+// fp32 (about 16 MB each: smaller ones made the GEMMs several times slower, measured) and
+// multiplied by a GEMM.
+at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K]");
+  const Rows w = rows_of(blocks, type, row_ids, x.size(1));
+  const int64_t m = x.size(0);
+  if (m <= 1) {
+    at::Tensor y = at::empty({m, w.n}, at::kFloat);
+    if (m == 1)
+      ggml_blocks::matvec(type, w.base, w.row_bytes, w.ids, w.n, w.k, x.data_ptr<float>(), y.data_ptr<float>());
+    return y;
+  }
+  at::Tensor yt = at::empty({w.n, m}, at::kFloat);  // rows of W by rows: tiles write whole rows
+  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 22) / w.k);
+  const at::Tensor xt = x.t().contiguous();
+  for (int64_t first = 0; first < w.n; first += tile) {
+    const int64_t last = std::min(w.n, first + tile);
+    at::Tensor out = yt.narrow(0, first, last - first);
+    at::mm_out(out, dequantize(blocks, type, row_ids, w.k, first, last), xt);
+  }
+  return yt.t().contiguous();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
+  m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+}

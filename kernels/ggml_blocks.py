@@ -1,0 +1,43 @@
+"""Linear products with weights kept in a GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), read
+straight from the file's memory map by the C++ kernels in csrc/ggml_blocks.{h,cpp}.
+
+A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its GGML type and
+optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
+`linear` computes in fp32: a matvec from the blocks for one row of input (decode), fp32 tiles
+of dequantized rows times a GEMM for more (prefill). msa.models.gguf_blocks.dequantize_rows
+(gguf.quants, llama.cpp's reference) is the definition the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cpp_build import CppExtension
+
+# GGMLQuantizationType values of the types the kernels read
+TYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+BLOCK_VALUES = {"Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+NO_ROW_IDS = torch.empty(0, dtype=torch.long)
+
+_EXTENSION = CppExtension("msa_ggml_blocks", ["ggml_blocks.cpp"])
+
+
+def compiled_extension():
+    """The built kernels, or None where they cannot be built (`build_error()` says why)."""
+    return _EXTENSION.load()
+
+
+def build_error() -> str | None:
+    return _EXTENSION.error
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=NO_ROW_IDS):
+    """x [M, K] fp32 contiguous -> x W^T [M, N] fp32."""
+    return compiled_extension().linear(x, blocks, ggml_type, row_ids)
+
+
+def dequantize(
+    blocks: torch.Tensor, ggml_type: int, n_cols: int, first: int, last: int, row_ids=NO_ROW_IDS
+) -> torch.Tensor:
+    """Rows first..last-1 of the weight, fp32 [last - first, n_cols]."""
+    return compiled_extension().dequantize(blocks, ggml_type, row_ids, n_cols, first, last)

@@ -1,0 +1,84 @@
+"""A Linear layer whose weights stay in a GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), mapped
+from the file: nothing converted or copied at load, every bit of the file's weights kept.
+
+The products run in fp32 on the C++ kernels of msa.kernels.ggml_blocks (a matvec from the
+blocks for one row, dequantized tiles times a GEMM for more), so the outputs are the exact
+weights' to fp32 rounding: no int8 rounding, no bf16 activations. Where the kernels cannot be
+built, the weights are dequantized by the reference (gguf.quants) at each call: slow, right.
+
+State: `{module}.blocks` (uint8 [rows, bytes per row], a read-only view of the mapped file),
+`{module}.ggml_type` (the GGMLQuantizationType value, 0-d) and optionally `{module}.row_ids`
+(int64 [out]: output row i is row `row_ids[i]` of the blocks, how llama.cpp's q/k row order is
+undone without a copy) and `{module}.bias`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from msa.kernels import ggml_blocks
+
+from .gguf_blocks import dequantize_rows
+
+SUFFIXES = ("blocks", "ggml_type", "row_ids")
+
+
+def type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(ggml_type).name
+
+
+class GgmlLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("blocks", torch.empty(0, dtype=torch.uint8))
+        self.register_buffer("ggml_type", torch.tensor(0))
+        self.register_buffer("row_ids", ggml_blocks.NO_ROW_IDS)
+        self.register_buffer("bias", torch.empty(out_features) if bias else None)
+        self.type_id = 0
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        if prefix + "blocks" not in state_dict:
+            return super()._load_from_state_dict(state_dict, prefix, *args)
+        self.blocks, self.ggml_type = (
+            state_dict[prefix + "blocks"],
+            state_dict[prefix + "ggml_type"],
+        )
+        self.row_ids = state_dict.get(prefix + "row_ids", ggml_blocks.NO_ROW_IDS)
+        if self.bias is not None:
+            self.bias = state_dict[prefix + "bias"]
+        self.type_id = int(self.ggml_type)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
+        if ggml_blocks.compiled_extension() is not None:
+            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids)
+        else:
+            out = F.linear(flat, self.rows(torch.arange(self.out_features)))
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weights of output rows `ids` [n], dequantized exactly: fp32 [n, in_features]."""
+        if self.row_ids.numel():
+            ids = self.row_ids[ids]
+        raw = self.blocks[ids].numpy()
+        return torch.from_numpy(dequantize_rows(raw, type_name(self.type_id), self.in_features))
+
+
+def swap_ggml_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Replace each Linear whose blocks `state` holds by a GgmlLinear; returns their names."""
+    names = []
+    for name, m in list(model.named_modules()):
+        if not isinstance(m, nn.Linear) or f"{name}.blocks" not in state:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, GgmlLinear(m.in_features, m.out_features, m.bias is not None))
+        names.append(name)
+    return names

@@ -1,0 +1,76 @@
+"""The C++ kernels over GGUF blocks (msa.kernels.ggml_blocks) against the reference
+dequantization (gguf.quants through msa.models.gguf_blocks.dequantize_rows, llama.cpp's own):
+random valid blocks of every type they read, dequantized to fp32 rounding; products with one
+row (the decode matvec) and with many (dequantized tiles times a GEMM) against the reference
+weights times the input in fp64; output rows picked by row ids (llama.cpp's q/k order)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_checkpoints import gguf_blocks
+
+from msa.kernels import ggml_blocks
+from msa.kernels.testing import assert_close
+from msa.models.gguf_blocks import dequantize_rows
+
+pytest.importorskip("gguf")
+TYPES = list(ggml_blocks.TYPES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    ext = ggml_blocks.compiled_extension()
+    assert ext is not None, f"the GGUF block kernels did not build: {ggml_blocks.build_error()}"
+
+
+def random_weight(qtype: str, rows: int, cols: int, seed: int = 0):
+    """(blocks uint8 [rows, bytes per row], the reference fp32 weights [rows, cols])."""
+    a = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.1).astype(np.float32)
+    blocks = np.ascontiguousarray(gguf_blocks(a, qtype, seed))
+    return torch.from_numpy(blocks), torch.from_numpy(dequantize_rows(blocks, qtype, cols))
+
+
+def fp64_product(x: torch.Tensor, w: torch.Tensor):
+    """x W^T in fp64, and the bound of its fp32 rounding: a few ulps of sum |x| |w|."""
+    exact = x.double() @ w.double().T
+    return exact, (x.abs().double() @ w.abs().double().T).max().item() * 1e-6
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantized_rows_equal_the_reference(qtype):
+    blocks, expected = random_weight(qtype, 48, 768)
+    got = ggml_blocks.dequantize(blocks, ggml_blocks.TYPES[qtype], 768, 5, 41)
+    assert_close(got, expected[5:41], atol=0, rtol=2e-7, what=qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_one_row_product_is_the_reference_product(qtype):
+    blocks, w = random_weight(qtype, 40, 1024, seed=1)
+    x = torch.randn(1, 1024, generator=torch.Generator().manual_seed(0))
+    exact, tol = fp64_product(x, w)
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype])
+    assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_many_rows_multiply_tile_by_tile(qtype):
+    # 256 inputs: 16384-row tiles, so 16390 rows take two, the second of 6
+    blocks, w = random_weight(qtype, 16390, 256, seed=2)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
+    exact, tol = fp64_product(x, w)
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype])
+    assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_row_ids_pick_the_output_rows(rows):
+    blocks, w = random_weight("Q4_K", 32, 512, seed=3)
+    ids = torch.randperm(32, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(3))
+    exact, tol = fp64_product(x, w[ids])
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES["Q4_K"], ids)
+    assert_close(got, exact.float(), atol=tol, rtol=0, what="row ids")
+    tile = ggml_blocks.dequantize(blocks, ggml_blocks.TYPES["Q4_K"], 512, 3, 9, ids)
+    assert torch.equal(tile, w[ids[3:9]])
