@@ -183,9 +183,7 @@ class Transformer(nn.Module):
         # by prepare_decode, at the latest on the first one-token forward
         self.fused_decode: FusedDecode | None = None
         self.per_op_reason: str | None = None
-        # MSA's top-k and selection layer where settings leave them to the model: the rule for
-        # its depth, or the calibration its loader found (msa_defaults.py)
-        self.msa_defaults: MsaDefaults = rule(config)
+        self.msa_defaults: MsaDefaults = rule(config)  # or its loader's calibration
         self._decode_prepared = False
 
     def new_cache(
