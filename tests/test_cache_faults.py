@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from cache_fill import CONTEXT, kv_of_the_document, open_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from processes import LIMIT_S
+from stopped_child import kill_where_it_stops
 from typer.testing import CliRunner
 
 from msa.app import app
@@ -202,15 +202,7 @@ def test_a_writer_killed_in_any_phase_leaves_a_cache_the_next_ask_uses(tmp_path,
         stdout=subprocess.PIPE,
         text=True,
     )
-    try:
-        line = child.stdout.readline()  # the event: the child says where it stopped
-        assert line == "stopped\n", f"the child ended without stopping at {phase}: {line!r}"
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=LIMIT_S) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    kill_where_it_stops(child, phase, LIMIT_S)
 
     ask(root)  # K/V checked inside against a cold prefill's
     assert ask(root) == len(CONTEXT)

@@ -5,12 +5,12 @@ read half-written."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from stopped_child import kill_where_it_stops
 from test_fuzz_files import CONFIG
 from tiny_checkpoints import random_llama_weights, write_tiny_gguf
 
@@ -66,15 +66,7 @@ def test_a_first_load_killed_in_any_phase_leaves_a_copy_the_next_load_uses(tmp_p
     for stop_at in range(renames):
         root = tmp_path / f"killed-{stop_at}"
         child = _child(gguf, root, stop_at)
-        try:
-            line = child.stdout.readline()  # the event: where the child stopped
-            assert line == "stopped\n", f"no stop at rename {stop_at}: {line!r}"
-            child.send_signal(signal.SIGKILL)
-            assert child.wait(timeout=LIMIT_S) == -signal.SIGKILL
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        kill_where_it_stops(child, f"rename {stop_at}", LIMIT_S)
         for path in root.rglob("*.json"):  # whole, or not there: never half-written
             json.loads(path.read_text())
         for _ in range(2):  # the load after the kill, then one from what it wrote
