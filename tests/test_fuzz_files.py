@@ -135,13 +135,19 @@ def test_gguf_metadata_of_the_wrong_type_or_range(good_gguf, tmp_path, monkeypat
         loads_or_model_error(str(path), converted_root=Path(converted))
 
 
+def _copy_of(good_folder: Path, tmp_path: Path, names: tuple[str, ...]) -> Path:
+    """A model folder under `tmp_path` holding `names` copied from `good_folder`."""
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes((good_folder / name).read_bytes())
+    return folder
+
+
 @fuzz(SAFETENSORS_BYTES)
 @given(data=st.data())
 def test_damaged_safetensors_bytes(good_folder, tmp_path, data):
-    folder = tmp_path / "model"
-    folder.mkdir(exist_ok=True)
-    for name in ("config.json", "tokenizer.json"):
-        (folder / name).write_bytes((good_folder / name).read_bytes())
+    folder = _copy_of(good_folder, tmp_path, ("config.json", "tokenizer.json"))
     weights = (good_folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(damaged(weights, data.draw))
     loads_or_model_error(str(folder))
@@ -150,10 +156,7 @@ def test_damaged_safetensors_bytes(good_folder, tmp_path, data):
 @fuzz(CONFIG_FIELDS)
 @given(data=st.data())
 def test_config_json_of_the_wrong_type_or_range(good_folder, tmp_path, data):
-    folder = tmp_path / "model"
-    folder.mkdir(exist_ok=True)
-    for name in ("model.safetensors", "tokenizer.json"):
-        (folder / name).write_bytes((good_folder / name).read_bytes())
+    folder = _copy_of(good_folder, tmp_path, ("model.safetensors", "tokenizer.json"))
     raw = json.loads((good_folder / "config.json").read_text())
     keys = sorted(raw) + ["rope_theta", "rms_norm_eps", "head_dim", "max_position_embeddings"]
     key = data.draw(st.sampled_from(keys))

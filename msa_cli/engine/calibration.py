@@ -82,7 +82,7 @@ def calibrate(loaded, prose: Prose, *, length: int, needles: int, seed: int = 0,
                for i in range(needles)]  # fmt: skip
     prompt, document = _document(tok, prose, planted, length)
     context = prompt.ids[: prompt.context_length]
-    block = model.new_cache().block_size
+    block = loaded.config.kv_block_size  # the default settings' block size
     # ranked this deep; a top-k past it reads every candidate block (the sink and the local
     # window are always read), which finds every needle
     deepest = min(max(TOPKS), len(context) // block - 3)
