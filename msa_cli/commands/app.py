@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from ..engine import idle_cores  # noqa: F401  (imported first: its window starts at msa's start)
 from .ask import ask
 from .bench import bench_app
 from .cache import cache_app

@@ -167,6 +167,7 @@ def eval_ruler(
     from ..engine.evals.ruler import ruler_score, ruler_units
     from ..engine.evals.runner import dense_skip, run_sweep
     from ..engine.evals.tasks import parse_tasks
+    from ..engine.loading import set_threads
     from ..engine.model import load as load_model
     from . import eval_report as report
     from .output import note
@@ -178,6 +179,7 @@ def eval_ruler(
     engines = _engines(engine_names)
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
+    threads = set_threads(threads)  # the free cores unless --threads says otherwise
     engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
     limit = dense_limit or engine.loaded.config.max_position_embeddings
     modes = llamacpp.with_llamacpp(engine, modes, engines, threads=threads)
@@ -225,6 +227,7 @@ def eval_file(
     from ..engine.evals.results import ResultsFile, summarize
     from ..engine.evals.runner import run_sweep
     from ..engine.evals.user_set import file_score, read_set
+    from ..engine.loading import set_threads
     from ..engine.model import load as load_model
     from . import eval_report as report
     from .output import note
@@ -232,6 +235,7 @@ def eval_file(
     check_precision(quant)
     modes, units, store = _modes(attention, topk), read_set(path), ResultsFile(results)
     engines = _engines(engine_names)
+    threads = set_threads(threads)  # the free cores unless --threads says otherwise
     engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
     modes = with_llamacpp(engine, modes, engines, threads=threads)
     records, totals = run_sweep(

@@ -16,7 +16,8 @@ def local_model(
     *,
     quiet: bool = False,
 ):
-    """The engine's `Model` for --model, loaded on all cores unless --threads says otherwise."""
+    """The engine's `Model` for --model, loaded on the cores free of other
+    work unless --threads says otherwise."""
     from ..engine import load
     from ..engine.loading import set_threads
 
@@ -52,7 +53,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     )
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "
-        f"loaded in {load_s:.2f} s; {n_threads} threads; "
+        f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"

@@ -36,7 +36,7 @@ ThreadsOption = typer.Option(
     show_envvar=True,
     min=1,
     max=MAX_THREADS,
-    help="CPU threads. [default: all cores]",
+    help="CPU threads. [default: the cores free of other work]",
 )
 CacheDirOption = typer.Option(
     None,

@@ -6,20 +6,16 @@ import os
 import time
 from pathlib import Path
 
+from .idle_cores import idle_cores
 from .paths import cache_dir, converted_models_dir
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def set_threads(threads: int | None) -> int:
+    """PyTorch's (and the decode step's) CPU threads: `threads`, or as many as there are cores
+    free of other work (idle_cores.py)."""
     import torch
 
-    n = threads or available_cores()
+    n = threads or idle_cores()
     torch.set_num_threads(n)
     return n
 

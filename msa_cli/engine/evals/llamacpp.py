@@ -11,7 +11,6 @@ are not read from the start each time.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -46,8 +45,8 @@ def gguf_of(model) -> Path:
 class LlamaCpp:
     """One llama.cpp context over `gguf`, grown when an item needs more room than it has."""
 
-    def __init__(self, gguf: Path, *, threads: int | None = None):
-        self.gguf, self.threads = gguf, threads or os.cpu_count() or 1
+    def __init__(self, gguf: Path, *, threads: int):
+        self.gguf, self.threads = gguf, threads
         self.llm = None
         self.n_ctx = 0
         self.previous: list[int] = []  # the ids whose K/V the context holds
@@ -100,7 +99,7 @@ class LlamaCpp:
         return Answer(tokenizer.decode(out).strip(), len(ids), cached, time.perf_counter() - start)
 
 
-def with_llamacpp(model, modes: list[Mode], engines: set[str], *, threads=None) -> list[Mode]:
+def with_llamacpp(model, modes: list[Mode], engines: set[str], *, threads: int) -> list[Mode]:
     """The sweep's modes for `engines` ("msa", "llama.cpp"): msa's attention modes, then a
     llama.cpp column when asked for."""
     if LABEL not in engines:
