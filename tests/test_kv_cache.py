@@ -203,6 +203,10 @@ def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
         ValueError, match="does not fit"
     ):  # int8 blocks never enter a full-precision cache
         model.new_cache(settings=AttentionSettings(mode="dense")).import_block(0, blocks[0])
+    fp32 = model.new_cache(settings=AttentionSettings(mode="dense", kv_dtype="fp32"))
+    model(tokens, fp32)
+    with pytest.raises(ValueError, match="float32 K/V does not fit a cache of torch.float16"):
+        model.new_cache().import_block(0, fp32.export_block(0))  # nor fp32 blocks an fp16 one
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "fp32", "int8"])
