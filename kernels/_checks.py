@@ -71,13 +71,14 @@ def check_query(
 
     K/V may be stored in a narrower dtype than q (an fp32 query over fp16 or bf16 K/V): every
     op reads them as they are and computes in fp32 (`kv_dtype` is the K/V's dtype; a query
-    narrower than its K/V is refused, it would read them at less than their precision)."""
+    narrower than its K/V is refused: its output, in q's dtype, would not hold their
+    precision)."""
     if q.dim() not in dims:
         layouts = {2: "[Hq, D]", 3: "[Hq, Tq, D]"}
         expected = " or ".join(layouts[d] for d in dims)
         raise ValueError(f"q must be {expected}, got shape {tuple(q.shape)}")
     check_dtype("q", q)
-    if kv_dtype is not None and q.dtype != kv_dtype and q.dtype != torch.float32:
+    if kv_dtype is not None and q.dtype.itemsize < kv_dtype.itemsize:
         raise ValueError(f"q dtype {q.dtype} differs from the K/V dtype {kv_dtype} (use fp32 q)")
     n_q_heads = q.shape[0]
     if n_q_heads == 0 or n_q_heads % n_kv_heads != 0:

@@ -286,3 +286,21 @@ def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch
     assert restored.unread_blocks == 2 * model.config.num_hidden_layers  # blocks 0 and 1
     for layer in range(model.config.num_hidden_layers):
         assert torch.equal(restored.k[layer][:, 32:70], cache.k[layer][:, 32:70])
+
+
+@pytest.mark.parametrize("mode", ["dense", "msa"])
+def test_a_bf16_model_reads_fp16_kv_in_fp32(mode):
+    """bf16 compute over the default fp16 K/V: every attention path widens both to fp32, so the
+    logits are those of the same model over fp32 K/V to within the K/V's rounding."""
+    from msa.models.attention_settings import AttentionSettings
+
+    model = tiny_model().to(torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (16 * 12 + 3,))
+    out = {}
+    for kv_dtype in ("fp16", "fp32"):
+        settings = AttentionSettings(mode=mode, topk=2, kv_dtype=kv_dtype)
+        cache = model.new_cache(settings=settings)
+        assert cache.k[0].dtype == {"fp16": torch.float16, "fp32": torch.float32}[kv_dtype]
+        logits = model(tokens, cache, all_logits=True)
+        out[kv_dtype] = torch.cat([logits, model(torch.tensor([4]), cache)[None]]).float()
+    assert_close(out["fp16"], out["fp32"], atol=0.05 * float(out["fp32"].abs().max()), what=mode)
