@@ -1,10 +1,11 @@
-"""What int8 keys and values (`--kv-dtype int8`) change: perplexity, answers, bytes per token.
+"""What storing keys and values narrower (`--kv-dtype fp16`, the default, `bf16`, `int8`)
+changes against fp32: perplexity, answers, bytes per token.
 
 For each K/V dtype, with the embedded model and the default attention (dense for the first
 1,024 tokens, MSA after):
 - perplexity on --tokens tokens of Python standard library source (read at run time);
 - pass-key answers (`msa eval passkey`'s documents and question) at --passkey-length tokens
-  over --depths depths, and how many answers are the same text as with full-precision K/V;
+  over --depths depths, and how many answers are the same text as with fp32 K/V;
 - the bytes one block takes in the prefix cache, per token (tensors only, no file header).
 
     python benchmarks/kv_int8.py [--tokens 4096] [--passkey-length 4000] [--depths 5] \
@@ -24,7 +25,8 @@ from msa.engine.loading import load
 from msa.engine.passkey import run_passkey
 from msa.models.attention_settings import AttentionSettings
 
-KV_DTYPES = ["auto", "int8"]
+# fp32 first: the answers of the others are compared with its
+KV_DTYPES = ["fp32", "fp16", "bf16", "int8"]
 
 
 def block_bytes_per_token(model, ids: torch.Tensor, settings: AttentionSettings) -> float:
@@ -58,7 +60,7 @@ def main() -> None:
                 "perplexity": round(perplexity(loaded.model, ids, settings=s), 3),
                 "passkey_correct": pk["correct"],
                 "passkey_total": pk["total"],
-                "same_answers": sum(a == b for a, b in zip(answers[name], answers["auto"])),
+                "same_answers": sum(a == b for a, b in zip(answers[name], answers[KV_DTYPES[0]])),
                 "bytes_per_token": round(block_bytes_per_token(loaded.model, ids, s)),
             }
         )

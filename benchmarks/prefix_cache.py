@@ -71,7 +71,9 @@ def main():
         "--tokens", type=int, default=100_000, help="about how long the document is"
     )
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--kv-dtype", default="auto", help="msa ask's --kv-dtype: auto or int8")
+    parser.add_argument(
+        "--kv-dtype", default="fp16", help="msa ask's --kv-dtype: fp16, bf16, fp32 or int8"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     extra = ["--threads", str(args.threads)] if args.threads else []

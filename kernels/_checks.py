@@ -12,7 +12,7 @@ import torch
 
 from ._triton import triton_installed
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IMPLS = ("reference", "cpu", "triton")
 
 
@@ -39,7 +39,7 @@ def choose_impl(impl: str | None, *tensors: torch.Tensor) -> str:
 
 def check_dtype(name: str, t: torch.Tensor) -> None:
     if t.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"{name} must be float32 or bfloat16, got {t.dtype}")
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
 
 
 def check_kv(k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[int, int, int]:
@@ -67,14 +67,19 @@ def check_query(
     dims: tuple[int, ...],
     kv_dtype: torch.dtype | None = None,
 ) -> int:
-    """Check q's rank, head count (a multiple of Hkv), head_dim and dtype; returns G = Hq // Hkv."""
+    """Check q's rank, head count (a multiple of Hkv), head_dim and dtype; returns G = Hq // Hkv.
+
+    K/V may be stored in a narrower dtype than q (an fp32 query over fp16 or bf16 K/V): every
+    op reads them as they are and computes in fp32 (`kv_dtype` is the K/V's dtype; a query
+    narrower than its K/V is refused: its output, in q's dtype, would not hold their
+    precision)."""
     if q.dim() not in dims:
         layouts = {2: "[Hq, D]", 3: "[Hq, Tq, D]"}
         expected = " or ".join(layouts[d] for d in dims)
         raise ValueError(f"q must be {expected}, got shape {tuple(q.shape)}")
     check_dtype("q", q)
-    if kv_dtype is not None and q.dtype != kv_dtype:
-        raise ValueError(f"q dtype {q.dtype} differs from the K/V dtype {kv_dtype}")
+    if kv_dtype is not None and q.dtype.itemsize < kv_dtype.itemsize:
+        raise ValueError(f"q dtype {q.dtype} differs from the K/V dtype {kv_dtype} (use fp32 q)")
     n_q_heads = q.shape[0]
     if n_q_heads == 0 or n_q_heads % n_kv_heads != 0:
         raise ValueError(

@@ -40,16 +40,18 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def dot_dtype(dtype):
-    """The dtype a kernel feeds to tl.dot for inputs of torch `dtype`.
+def dot_dtype(q_dtype, kv_dtype):
+    """The dtype a kernel feeds to tl.dot for a query of torch `q_dtype` over K/V of `kv_dtype`.
 
-    bf16 tiles go to the tensor cores as bf16 (fp32 accumulate). Under the interpreter they
-    are widened to fp32 first: Triton 3.9's interpreter stores bf16 as uint16 and its
-    tl.dot multiplies those integers, so a bf16 dot there returns garbage.
+    bf16 queries over bf16 K/V go to the tensor cores as bf16 (fp32 accumulate). Anything else,
+    an fp32 query over fp16 or bf16 K/V above all, loads the K/V tiles as stored and widens
+    them to fp32 (`tl.load(...).to(tl.float32)`). Under the interpreter everything is widened:
+    Triton 3.9's interpreter stores bf16 as uint16 and its tl.dot multiplies those integers,
+    so a bf16 dot there returns garbage.
     """
     import torch
     import triton.language as tl
 
-    if dtype == torch.float32 or interpreting():
-        return tl.float32
-    return tl.bfloat16
+    if q_dtype == kv_dtype == torch.bfloat16 and not interpreting():
+        return tl.bfloat16
+    return tl.float32

@@ -10,7 +10,10 @@ from `selection_layer` on one set of blocks for every KV head (the heads' top-k 
 best first); from `bounded_from` on, far blocks read back to back just before the local window.
 
 Shapes: x [hidden] fp32, the new token's embedding (updated in place); per layer, K and V
-stores [Hkv, cap, D] fp32 contiguous, the token written at `pos`, positions 0..pos read;
+stores [Hkv, cap, D] contiguous, fp32, fp16 or bf16 (the token written at `pos` rounded to the
+stores' type, positions 0..pos read back as stored and widened to fp32: csrc/kv_rows.h), or,
+for int8 K/V (msa.models' kv_int8.py), fp32 stores with their scale stores [Hkv, cap] (the
+token's rows rounded to their int8 grid and its scales written);
 cos, sin [D] the angles of `pos`; for MSA, the content summaries [L, Hkv, n_blocks, 2, D]
 (every full block before the token's summarized) and `absent` bool [L, n_marked]: blocks not
 in the stores yet, which the step asks for instead of reading (see `DecoderStep.step`). Each
@@ -119,8 +122,10 @@ class DecoderStep:
         summaries: torch.Tensor | None = None,
         absent: torch.Tensor | None = None,
         load_blocks=None,
+        scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
     ) -> torch.Tensor:
-        """x [hidden] fp32 -> the last layer's output (x itself, updated in place).
+        """x [hidden] fp32 -> the last layer's output (x itself, updated in place). `scales`:
+        int8 K/V's scale stores of keys and of values, one per layer (empty: not int8).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -131,7 +136,7 @@ class DecoderStep:
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
             stopped, missing, shared = self._stack.step(
-                x, keys, values, summaries, absent, pos, cos, sin, args, first, shared
+                x, keys, values, *scales, summaries, absent, pos, cos, sin, args, first, shared
             )
             if stopped < 0:
                 return x

@@ -72,7 +72,8 @@ def decoder_step_reference(
     summaries=None,
     inv_freq=None,
 ) -> torch.Tensor:
-    """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified).
+    """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified),
+    rounded to the stores' dtype (fp32, fp16 or bf16), which attention reads back in fp32.
 
     `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
     specs `qkv` (q, then k, then v rows) or `q`, `k`, `v`; `o`; `gate_up` (gate rows, then up
@@ -92,7 +93,7 @@ def decoder_step_reference(
         v_store[:, pos] = qkv[(n_heads + n_kv_heads) * d :].view(n_kv_heads, d)
         if pos < settings.sparse_from:
             keys_of = [torch.arange(pos + 1)] * n_kv_heads
-            k_read = [k_store[g, : pos + 1] for g in range(n_kv_heads)]
+            k_read = [k_store[g, : pos + 1].float() for g in range(n_kv_heads)]
         else:
             if (
                 shared is None
@@ -114,7 +115,7 @@ def decoder_step_reference(
         attn = torch.stack(
             [
                 torch.softmax(k_read[hd // group] @ q[hd] * d**-0.5, dim=0)
-                @ v_store[hd // group, keys_of[hd // group]]
+                @ v_store[hd // group, keys_of[hd // group]].float()
                 for hd in range(n_heads)
             ]
         )  # [Hq, D]
@@ -176,7 +177,7 @@ def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):
     tokens, rows = [], []
     for slot, block in enumerate(blocks):
         span = torch.arange(block * b, min((block + 1) * b, pos + 1))
-        k = k_head[span]
+        k = k_head[span].float()  # as stored, widened (fp16 or bf16 stores)
         if slot < n_far and pos >= s.bounded_from:
             shift = (window_first - block) - (n_far - slot)
             k = rotate(k, shift * b * inv_freq.double())

@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_kv, check_query, choose_impl, default_scale
-from .masked_attention import causal_mask, masked_attention_reference
+from .masked_attention import causal_mask, masked_attention_reference, softmax_attend
+from .merge import merge_splits_cpu
+
+# Keys widened to fp32 at once where K/V are narrower than the query (dense attention over a
+# cache of fp16 K/V): 4,096 keys of 64 channels, 1 MB per KV head.
+WIDEN_TOKENS = 4096
 
 
 def dense_attention(
@@ -88,14 +93,38 @@ def masked_attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """q: [Hq, Tq, D], k, v: [Hkv, T, D], allowed: bool [Tq, T] (None: every key); returns
-    [Hq, Tq, D]. The G query heads of a KV group are folded into the rows, so K and V are never
-    repeated."""
+    [Hq, Tq, D] in q's dtype. The G query heads of a KV group are folded into the rows, so K
+    and V are never repeated.
+
+    K/V of another dtype than q (a cache of fp16 K/V) are read in fp32: widened whole up to
+    WIDEN_TOKENS keys, for PyTorch's fused kernel; past that a slice of keys at a time, merged
+    by log-sum-exp, so that no step copies a long cache whole."""
     n_q_heads, n_queries, head_dim = q.shape
-    n_kv_heads = k.shape[0]
+    n_kv_heads, n_tokens, _ = k.shape
     group = n_q_heads // n_kv_heads
-    folded = q.reshape(1, n_kv_heads, group * n_queries, head_dim)  # [1, Hkv, G*Tq, D], rows (g, t)
-    mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Tq, T]
+    mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Tq, T], rows (g, t)
+    if k.dtype != q.dtype and n_tokens > WIDEN_TOKENS:
+        return _sliced_attention(q, k, v, mask, scale)
+    fq = q if k.dtype == q.dtype else q.float()
+    folded = fq.reshape(1, n_kv_heads, group * n_queries, head_dim)  # [1, Hkv, G*Tq, D]
     o = F.scaled_dot_product_attention(
-        folded, k[None], v[None], attn_mask=mask, scale=scale
+        folded, k[None].to(fq.dtype), v[None].to(fq.dtype), attn_mask=mask, scale=scale
     )  # [1, Hkv, G*Tq, D]
-    return o.view(n_q_heads, n_queries, head_dim)
+    return o.view(n_q_heads, n_queries, head_dim).to(q.dtype)
+
+
+def _sliced_attention(q, k, v, mask, scale):
+    """`masked_attention_sdpa` over K/V narrower than q, WIDEN_TOKENS keys at a time in fp32."""
+    n_q_heads, n_queries, head_dim = q.shape
+    n_kv_heads, n_tokens, _ = k.shape
+    rows = q.float().reshape(n_kv_heads, -1, head_dim)  # [Hkv, G*Tq, D]
+    outs, lses = [], []
+    for first in range(0, n_tokens, WIDEN_TOKENS):
+        end = min(first + WIDEN_TOKENS, n_tokens)
+        scores = (rows @ k[:, first:end].float().mT) * scale  # [Hkv, G*Tq, S]
+        keep = torch.ones((), dtype=torch.bool) if mask is None else mask[:, first:end]
+        o, lse = softmax_attend(scores, keep, v[:, first:end].float())  # [Hkv, G*Tq, D]
+        outs.append(o)
+        lses.append(lse)
+    o, _ = merge_splits_cpu(torch.stack(outs, dim=-2), torch.stack(lses, dim=-1))
+    return o.view(n_q_heads, n_queries, head_dim).to(q.dtype)

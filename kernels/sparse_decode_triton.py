@@ -127,6 +127,6 @@ def sparse_decode_triton(
         GROUP_PAD=max(16, next_power_of_2(group)),
         BLOCK=block_size,
         HEAD_DIM=head_dim,
-        DOT_DTYPE=dot_dtype(q.dtype),
+        DOT_DTYPE=dot_dtype(q.dtype, k.dtype),
     )
     return merge_splits_triton(part_o, part_lse, q.dtype)

@@ -122,6 +122,6 @@ def sparse_prefill_triton(q, q_start, k, v, block_idx, block_size, scale):
         scale,
         BLOCK=block_size,
         HEAD_DIM=head_dim,
-        DOT_DTYPE=dot_dtype(q.dtype),
+        DOT_DTYPE=dot_dtype(q.dtype, k.dtype),
     )
     return o, lse

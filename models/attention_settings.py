@@ -7,7 +7,11 @@ from dataclasses import asdict, dataclass
 
 MODES = ("auto", "dense", "msa")
 MODEL = "model"  # selection_layer: the model's own choice (msa_defaults.py)
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = ("fp16", "bf16", "fp32", "int8")
+DEFAULT_KV_DTYPE = "fp16"
+# older spellings still accepted: "auto" kept K/V in the compute dtype before fp16 became the
+# default; it now means the default
+KV_DTYPE_ALIASES = {"auto": DEFAULT_KV_DTYPE}
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,12 @@ class AttentionSettings:
     calibration measured on the model, or a rule over its layers), filled in when a cache is
     made (attention_plan.resolve_settings).
 
-    `kv_dtype`: "auto" keeps keys and values in the compute dtype; "int8" rounds each written
-    row to int8 with one scale per token and KV head (kv_int8.py), which the prefix cache then
-    stores in a quarter of the bytes.
+    `kv_dtype`: how keys and values are stored, in memory, in spill files and in the prefix
+    cache: "fp16" (the default, as llama.cpp's cache), "bf16" or "fp32", each row rounded once
+    when written and read back as stored by every attention path, which computes in fp32; "int8"
+    rounds each written row to int8 with one scale per token and KV head (kv_int8.py), keeps
+    the rounded values in the compute dtype, and the prefix cache stores the codes. "auto" is
+    accepted as the default's old name.
     """
 
     mode: str = "auto"
@@ -53,9 +60,11 @@ class AttentionSettings:
     dense_tokens: int = 1024
     bounded_from: int | None = 0
     selection_layer: int | str | None = MODEL
-    kv_dtype: str = "auto"
+    kv_dtype: str = DEFAULT_KV_DTYPE
 
     def __post_init__(self):
+        # frozen: the alias is resolved in place, so the identity never says "auto"
+        object.__setattr__(self, "kv_dtype", KV_DTYPE_ALIASES.get(self.kv_dtype, self.kv_dtype))
         if self.mode not in MODES:
             raise ValueError(f"attention mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.kv_dtype not in KV_DTYPES:

@@ -8,9 +8,9 @@ rounding; int8/int4 activations round to bf16 as the per-op path does.
 `Transformer.prepare_decode` builds it once per model (the extension on first use in the
 process) from the layers' specs (`layer_spec`, which the model family gives for the layers it
 knows the step computes); `Transformer.forward` runs a one-token forward with it when the cache
-fits (`FusedDecode.fits`) and nobody observes the queries. Everything else (norms across
-heads, MoE,
-partial RoPE, bf16 compute, int8 K/V, sources) runs per op.
+fits (`FusedDecode.fits`: K/V in fp32, fp16, bf16 or int8, on the CPU) and nobody observes the
+queries. Everything else (norms across heads, MoE, partial RoPE, bf16 compute, sources) runs
+per op.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .ggml_linear import GgmlLinear
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
 
+STORES = (torch.float32, torch.float16, torch.bfloat16)  # K/V store types the step reads
 NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step computes"
 NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-capped logits"
 
@@ -116,8 +117,9 @@ class FusedDecode:
 
     @staticmethod
     def fits(cache: KVCache) -> bool:
-        """Whether the step reads `cache` as it is: fp32 K/V in memory or mapped files."""
-        return not cache.int8 and cache.dtype == torch.float32 and cache.k[0].device.type == "cpu"
+        """Whether the step reads `cache` as it is: K/V stores of fp32, fp16 or bf16 (int8 K/V:
+        fp32 with their scales) in memory or mapped files."""
+        return cache.kv_dtype in STORES and cache.k[0].device.type == "cpu"
 
     def run(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
@@ -128,10 +130,11 @@ class FusedDecode:
         pos = cache.length
         cache.reserve(pos + 1)
         settings = step_settings(cache.plan)
+        scales = (cache.k_scale, cache.v_scale)  # int8 K/V's; empty lists otherwise
         if not cache.plan.is_sparse(pos):
             for layer in range(cache.n_layers):  # restored blocks not read yet: dense reads them
                 cache.load_tokens(layer, 0, pos)
-            self.step.step(x, cache.k, cache.v, pos, cos, sin, settings)
+            self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, scales=scales)
         else:
             # summaries of the full blocks before the token's own (its block may fill with it)
             self.step.step(
@@ -145,6 +148,7 @@ class FusedDecode:
                 summaries=cache.content_summaries(pos),
                 absent=cache.absent_blocks,
                 load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
+                scales=scales,
             )
         cache.advance(1)
         return x

@@ -25,9 +25,13 @@ Blocks put back from the disk prefix cache are copied in as they are first read
 
 The cache also carries the `AttentionSettings` its keys and values were computed under:
 they change K/V (from the second layer on), so they are part of what identifies a cache; and
-the `AttentionPlan` resolved from them, which attention reads. With
-`settings.kv_dtype == "int8"` every written row is rounded to an int8 grid (kv_int8.py) and its
-scale kept beside it, so that exported blocks hold int8 codes that import back bit for bit.
+the `AttentionPlan` resolved from them, which attention reads. `settings.kv_dtype` says how
+K/V are stored (`kv_dtype`, the stores' element type): fp16 by default, bf16 or fp32, each row
+rounded once as it is written, so that summaries, selection, attention (in fp32) and the prefix
+cache all see the stored values, and a block restored from disk is bit for bit what was
+computed; or, with "int8", rows rounded to an int8 grid (kv_int8.py) and kept in the compute
+dtype with their scales beside them, so that exported blocks hold int8 codes that import back
+bit for bit.
 """
 
 from __future__ import annotations
@@ -46,21 +50,10 @@ from .attention_settings import AttentionSettings
 from .disk_space import allocate, check_free_space
 from .kv_int8 import round_rows
 from .kv_restore import RestoredBlocks
+from .kv_storage import kv_storage_dtype, row_scale_bytes
 from .layers import RotaryEmbedding
 from .msa_defaults import rule_for_depth
 from .private_files import private_dir
-
-
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token takes in a cache of `dtype` K/V for a model of
-    `config` (every layer, K and V)."""
-    return (
-        2
-        * config.num_hidden_layers
-        * config.num_key_value_heads
-        * config.head_dim
-        * (dtype.itemsize)
-    )
 
 
 class KVCache(RestoredBlocks):
@@ -81,7 +74,7 @@ class KVCache(RestoredBlocks):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.rope = rope
         self.block_size = block_size
-        self.dtype = dtype
+        self.dtype = dtype  # the model's compute dtype (part of a prefix cache's identity)
         # settings that leave choices to the model take the rule for a model this deep (a
         # model's own cache comes resolved: Transformer.new_cache)
         self.settings = with_defaults(settings or AttentionSettings(), rule_for_depth(n_layers))
@@ -90,6 +83,7 @@ class KVCache(RestoredBlocks):
         self.length = 0
         cap = self._round_up(max(capacity, block_size))
         self.int8 = self.settings.kv_dtype == "int8"
+        self.kv_dtype = kv_storage_dtype(self.settings.kv_dtype, dtype)  # what the stores hold
         self._check_spill_space(cap)
         self.k = [self._new_store(cap) for _ in range(n_layers)]
         self.v = [self._new_store(cap) for _ in range(n_layers)]
@@ -112,7 +106,7 @@ class KVCache(RestoredBlocks):
         shape = (
             (self.n_kv_heads, capacity) if scales else (self.n_kv_heads, capacity, self.head_dim)
         )
-        dtype = torch.float32 if scales else self.dtype
+        dtype = torch.float32 if scales else self.kv_dtype
         numel = shape[0] * shape[1] * (1 if scales else shape[2])
         if self.storage_dir is None:
             # Private anonymous memory: the OS hands out zero pages on first touch. torch.zeros
@@ -143,7 +137,7 @@ class KVCache(RestoredBlocks):
         fits on their disk."""
         if self.storage_dir is None:
             return
-        row = self.head_dim * self.dtype.itemsize + (4 if self.int8 else 0)  # + int8 scales
+        row = self.head_dim * self.kv_dtype.itemsize + row_scale_bytes(self.settings.kv_dtype)
         needed = 2 * self.n_layers * self.n_kv_heads * capacity * row
         check_free_space(self.storage_dir, needed, f"spilling K/V to {self.storage_dir}")
 
@@ -194,7 +188,7 @@ class KVCache(RestoredBlocks):
         if self.int8:
             k, self.k_scale[layer][:, self.length : end] = round_rows(k)
             v, self.v_scale[layer][:, self.length : end] = round_rows(v)
-        self.k[layer][:, self.length : end] = k
+        self.k[layer][:, self.length : end] = k  # rounded to the stores' dtype, once
         self.v[layer][:, self.length : end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]
 
@@ -210,11 +204,13 @@ class KVCache(RestoredBlocks):
             first, end = done * self.block_size, n_full * self.block_size
             self.load_tokens(layer, first, end)
             keys = self.k[layer][:, first:end]
-            as_stored = block_summaries(keys, self.block_size, "minmax")
+            as_stored = block_summaries(keys, self.block_size, "minmax")  # exact in any dtype
             of_content = (
                 as_stored
-                if self.rope is None
-                else block_summaries(self.score_frame(keys, first), self.block_size, "minmax")
+                if self.rope is None  # the stored keys rotated back in fp32, the new blocks only
+                else block_summaries(
+                    self.score_frame(keys.float(), first), self.block_size, "minmax"
+                )
             )
             self._summary_store[:, layer, :, done:n_full] = torch.stack([as_stored, of_content])
             self.n_summarized[layer] = n_full

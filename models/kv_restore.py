@@ -8,8 +8,9 @@ selects. Readers ask for what they read: `write(..., selective=True)` returns K/
 blocks may still be absent, and its caller loads them with `load_tokens` and `load_blocks`
 before reading; a plain `write` (and `fetch`) loads what it returns first.
 
-With int8 K/V, exported blocks hold the int8 codes and their scales, which import back bit for
-bit (kv_int8.py).
+Exported blocks hold K/V as the stores do (fp16 by default: 2 bytes an element), and import
+only into a cache of the same K/V dtype; with int8 K/V they hold the int8 codes and their
+scales, which import back bit for bit (kv_int8.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ MAX_UNREAD_BLOCKS = 16_384
 
 
 class RestoredBlocks:
-    """Mixin of `KVCache` (kv_cache.py), which declares what it reads: the stores `k`, `v`
-    (`k_scale`, `v_scale` with int8 K/V), `_restored` (block index -> its imported tensors) and
-    `_absent` (bool [layer, block]: restored, not copied in yet)."""
+    """Mixin of `KVCache` (kv_cache.py), which declares what it reads: the stores `k`, `v` of
+    `kv_dtype` (`k_scale`, `v_scale` with int8 K/V), `_restored` (block index -> its imported
+    tensors) and `_absent` (bool [layer, block]: restored, not copied in yet)."""
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
@@ -78,8 +79,10 @@ class RestoredBlocks:
             raise ValueError(
                 f"a block of {k.dtype} K/V does not fit a cache of {self.settings.kv_dtype} K/V"
             )
-        if not self.int8 and k.dtype != self.dtype:
-            raise ValueError(f"a block of {k.dtype} K/V does not fit a cache of {self.dtype} K/V")
+        if not self.int8 and k.dtype != self.kv_dtype:
+            raise ValueError(
+                f"a block of {k.dtype} K/V does not fit a cache of {self.kv_dtype} K/V"
+            )
         if self.int8:
             for name in ("k_scale", "v_scale"):
                 if tuple(block[name].shape) != expected[:3]:
@@ -156,7 +159,7 @@ class RestoredBlocks:
                 ):
                     scale = block[f"{name}_scale"][layer]
                     rows[layer][:, start:end] = dequantize_rows(
-                        block[name][layer], scale, self.dtype
+                        block[name][layer], scale, self.kv_dtype
                     )
                     scales[layer][:, start:end] = scale
             else:

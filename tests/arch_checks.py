@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 from tiny_checkpoints import CHAT_TEMPLATE, SPECIALS, tiny_vocab
 
 VOCAB = 262  # len(tiny_vocab()[0])
@@ -74,6 +74,7 @@ def check_prompt_and_decode(
     """Our logits for the whole prompt, then prefill `n_prefill` tokens (in chunks of
     `prefill_chunk` if given) and decode the rest one at a time through the cache: every position
     must match transformers' full forward."""
+    settings = exact_kv(settings)  # transformers' math, to fp32 rounding
     got = model(torch.tensor(ids), model.new_cache(settings=settings), all_logits=True)
     assert_close(got, expected, atol=atol, what=f"{what} prompt")
     cache = model.new_cache(settings=settings)

@@ -118,3 +118,14 @@ def assert_close(
         f"{what}: max abs err {diff.max():.3g}, max rel err {rel.max():.3g} "
         f"(atol {atol}, rtol {rtol})"
     )
+
+
+def exact_kv(settings=None):
+    """`settings` (None: the defaults) with K/V kept in fp32: for the tests that hold the model's
+    math to a reference's (transformers) within fp32 rounding. The default fp16 K/V move the
+    logits by about 1e-3; tests/test_kv_dtype_effect.py bounds that on the real model."""
+    import dataclasses
+
+    from msa.models.attention_settings import AttentionSettings
+
+    return dataclasses.replace(settings or AttentionSettings(), kv_dtype="fp32")

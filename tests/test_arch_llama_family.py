@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arch_checks import VOCAB, check_prompt_and_decode, randomize, reference_logits, save_hf_dir
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.int_formats import dequantize_int4, dequantize_int8
@@ -16,7 +16,7 @@ from msa.models.quantize import quantize_weights
 
 transformers = pytest.importorskip("transformers")
 
-DENSE = AttentionSettings(mode="dense")
+DENSE = AttentionSettings(mode="dense", kv_dtype="fp32")
 SHAPE = dict(
     vocab_size=VOCAB,
     hidden_size=64,
@@ -211,5 +211,8 @@ def test_a_quantized_copy_keeps_biases_and_rope_scaling(tmp_path):
     assert copy_.config.rope_scaling == on_load.config.rope_scaling
     assert copy_.model.rope.attention_factor == on_load.model.rope.attention_factor > 1.0
     ids = torch.tensor(prompt(64))
-    logits = [m.model(ids, m.model.new_cache(), all_logits=True) for m in (copy_, on_load)]
+    logits = [
+        m.model(ids, m.model.new_cache(settings=exact_kv()), all_logits=True)
+        for m in (copy_, on_load)
+    ]
     assert torch.equal(logits[0], logits[1])

@@ -69,7 +69,7 @@ def test_m2_checkpoint_matches_transformers(tmp_path):
         n_prefill=7,
         atol=1e-4,
         what="m2",
-        settings=AttentionSettings(mode="dense"),
+        settings=AttentionSettings(mode="dense", kv_dtype="fp32"),
     )
 
 
@@ -162,7 +162,7 @@ def test_m2_fp8_block_weights_dequantize_at_load(tmp_path):
         n_prefill=7,
         atol=1e-4,
         what="m2 fp8",
-        settings=AttentionSettings(mode="dense"),
+        settings=AttentionSettings(mode="dense", kv_dtype="fp32"),
     )
 
 
@@ -172,7 +172,9 @@ def test_m2_msa_with_every_block_selected_equals_dense(tmp_path):
     hf_model = tiny_m2(seed=4)
     loaded = load_model(str(save_hf_dir(hf_model, tmp_path / "tiny-m2")))
     ids = prompt(loaded)
-    settings = AttentionSettings(mode="msa", block_size=4, topk=64, bounded_from=None)
+    settings = AttentionSettings(
+        mode="msa", block_size=4, topk=64, bounded_from=None, kv_dtype="fp32"
+    )
     check_prompt_and_decode(
         loaded.model,
         ids,

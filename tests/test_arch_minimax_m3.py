@@ -96,7 +96,7 @@ def test_m3_logits_and_cached_decoding_match_transformers(m3):
     # the selection matters: dense attention over the same cache gives other logits
     dense = loaded.model(
         torch.tensor(ids),
-        loaded.model.new_cache(settings=AttentionSettings(mode="dense")),
+        loaded.model.new_cache(settings=AttentionSettings(mode="dense", kv_dtype="fp32")),
         all_logits=True,
     )
     assert (dense - expected).abs().max() > 1e-2

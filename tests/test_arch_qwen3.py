@@ -42,5 +42,5 @@ def test_qwen3_checkpoint_matches_transformers(tmp_path):
         n_prefill=5,
         atol=1e-4,
         what="qwen3",
-        settings=AttentionSettings(mode="dense"),
+        settings=AttentionSettings(mode="dense", kv_dtype="fp32"),
     )

@@ -31,7 +31,7 @@ def little_free_space(monkeypatch, free: int = 4096) -> None:
 
 
 def spill_cache(folder: Path, capacity: int = 1024) -> KVCache:
-    # 2 layers x K and V x 2 heads x 1,024 tokens x 64 x fp32: 2,097,152 bytes
+    # 2 layers x K and V x 2 heads x 1,024 tokens x 64 x fp16 (the default K/V): 1,048,576 bytes
     return KVCache(2, 2, 64, capacity=capacity, storage_dir=folder)
 
 
@@ -40,7 +40,7 @@ def test_spilled_kv_that_cannot_fit_is_one_error_before_any_file(tmp_path, monke
     with pytest.raises(DiskError) as caught:
         spill_cache(tmp_path / "kv")
     assert str(caught.value) == (
-        f"spilling K/V to {tmp_path / 'kv'} needs 2,097,152 bytes, but {tmp_path} has 4,096 "
+        f"spilling K/V to {tmp_path / 'kv'} needs 1,048,576 bytes, but {tmp_path} has 4,096 "
         "available: free some space or point MSA_CACHE_DIR elsewhere"
     )
     assert caught.value.exit_code == 7
@@ -54,9 +54,9 @@ def test_spilled_kv_are_allocated_up_front(tmp_path, monkeypatch):
         os, "posix_fallocate", lambda fd, at, n: allocated.append(n) or real(fd, at, n)
     )
     cache = spill_cache(tmp_path / "kv")
-    assert allocated == [2 * 64 * 1024 * 4] * 4  # every store, whole, before any write
+    assert allocated == [2 * 64 * 1024 * 2] * 4  # every store, whole, before any write
     cache.reserve(2048)  # growing allocates the new stores too
-    assert allocated[4:] == [2 * 64 * 2048 * 4] * 4
+    assert allocated[4:] == [2 * 64 * 2048 * 2] * 4
 
     def full(fd, at, n):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -90,9 +90,9 @@ from msa.models.kv_cache import KVCache
 Usage = namedtuple("Usage", "total used free")
 shutil.disk_usage = lambda path: Usage(1 << 40, 0, 1 << 40)
 try:
-    cache = KVCache(2, 2, 64, capacity=1024, storage_dir=sys.argv[1])
+    cache = KVCache(2, 2, 64, capacity=2048, storage_dir=sys.argv[1])  # 2 MiB of fp16 K/V
     for layer in range(2):
-        cache.write(layer, torch.ones(2, 1024, 64), torch.ones(2, 1024, 64))
+        cache.write(layer, torch.ones(2, 2048, 64), torch.ones(2, 2048, 64))
     print("written")
 except DiskError as e:
     print(e)

@@ -13,6 +13,7 @@ from tiny_checkpoints import tiny_model
 from msa.kernels import decoder_step
 from msa.models.attention_settings import AttentionSettings
 from msa.models.fuse import fuse_projections
+from msa.models.kv_int8 import requantize_rows
 from msa.models.quantize import quantize_model
 
 
@@ -53,12 +54,16 @@ def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: ca
     return torch.stack(fused), torch.stack(per_op), fused_cache, per_op_cache
 
 
+# fp32 K/V: the two paths' K/V differ only by float rounding, which the bounds below measure;
+# fp16, bf16 and int8 K/V have their own test
 SETTINGS = [
-    AttentionSettings(mode="dense"),
-    AttentionSettings(mode="auto", dense_tokens=64, topk=2, selection_layer=0),
-    AttentionSettings(mode="msa", topk=3, local_blocks=2, sink_blocks=0, selection_layer=None),
+    AttentionSettings(mode="dense", kv_dtype="fp32"),
+    AttentionSettings(mode="auto", dense_tokens=64, topk=2, selection_layer=0, kv_dtype="fp32"),
     AttentionSettings(
-        mode="msa", topk=2, bounded_from=None, selection_layer=1
+        mode="msa", topk=3, local_blocks=2, sink_blocks=0, selection_layer=None, kv_dtype="fp32"
+    ),
+    AttentionSettings(
+        mode="msa", topk=2, bounded_from=None, selection_layer=1, kv_dtype="fp32"
     ),  # true distances inside 4K
 ]
 
@@ -100,6 +105,50 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
         )
 
 
+# One unit in the last place at 1.0 of each 16-bit K/V dtype (int8 K/V: one code).
+STORED_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "int8"])
+def test_fused_steps_read_and_write_16_bit_and_int8_kv(model, kv_dtype, monkeypatch):
+    """fp16 and bf16 stores, and int8 K/V, are read and written by the fused step itself (no
+    fallback to the per-op path), dense and MSA steps alike, as the per-op path stores them."""
+    runs = []
+    kernel_step = decoder_step.DecoderStep.step
+    monkeypatch.setattr(
+        decoder_step.DecoderStep,
+        "step",
+        lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
+    )
+    settings = AttentionSettings(
+        mode="auto", dense_tokens=160, topk=2, selection_layer=0, kv_dtype=kv_dtype
+    )
+    fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 20)
+    assert runs == list(range(150, 170))
+    assert fused_cache.k[0].dtype == {"int8": torch.float32}.get(kv_dtype, fused_cache.kv_dtype)
+    # The two paths' fp32 K/V differ by float rounding (3e-7, the fp32 test); rounded to the
+    # stores' grid, a value near a rounding boundary may land one step apart. Every stored value
+    # is the same or one step apart, and almost all are the same.
+    for layer in range(model.config.num_hidden_layers):
+        for name in ("k", "v"):
+            a = getattr(fused_cache, name)[layer][:, 150:170].float()
+            b = getattr(per_op_cache, name)[layer][:, 150:170].float()
+            if kv_dtype == "int8":  # compare the codes: a scale's last bit moves every value
+                scale_a, scale_b = (
+                    getattr(c, f"{name}_scale")[layer][:, 150:170]
+                    for c in (fused_cache, per_op_cache)
+                )
+                assert_close(scale_a, scale_b, atol=1e-6 * float(scale_b.max()), what="scales")
+                a, b = requantize_rows(a, scale_a).float(), requantize_rows(b, scale_b).float()
+                step = torch.ones(())
+            else:
+                step = b.abs() * STORED_STEP[kv_dtype] + 1e-30
+            assert torch.all((a - b).abs() <= step), f"{name} of layer {layer}"
+            assert (a == b).float().mean() > 0.98, f"{name} of layer {layer}"
+    # one step apart here and there moves the logits by less than that step does
+    assert_close(fused, per_op, atol=1e-2 * float(per_op.abs().max()), what="logits")
+
+
 def _restored(cache):
     """A new cache holding `cache`'s blocks as the prefix cache restores them: unread until used."""
     fresh = type(cache)(
@@ -135,11 +184,6 @@ def test_steps_it_does_not_describe_keep_the_per_op_path(monkeypatch):
         torch.tensor([3]), cache, observer=lambda cache, layer, q, q_start: seen.append(layer)
     )
     assert seen == list(range(model.config.num_hidden_layers))
-    int8_cache = _prefilled(model, AttentionSettings(mode="dense", kv_dtype="int8"), 40)
-    monkeypatch.setattr(
-        decoder_step.DecoderStep, "step", lambda *a, **k: pytest.fail("fused step on int8 K/V")
-    )
-    model(torch.tensor([3]), int8_cache)
 
 
 def test_layers_it_does_not_describe_have_no_fused_step():

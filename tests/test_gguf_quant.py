@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 from tiny_checkpoints import gguf_blocks, write_tiny_gguf
 
 from msa.models import ModelError
@@ -170,7 +170,9 @@ def test_mixed_gguf_as_stored_computes_its_dequantized_weights(mixed_qwen3):
     # floating point: the file's weights as llama.cpp dequantizes them, against transformers
     plain = load_model(str(path), converted_root=None, quant="none")
     assert plain.weights == "fp32" and plain.config.architecture == "qwen3"
-    got = plain.model(torch.tensor(IDS), plain.model.new_cache(), all_logits=True)
+    got = plain.model(
+        torch.tensor(IDS), plain.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     assert_close(got, expected, atol=1e-4, what="qwen3 gguf fp32")
 
     stored = load_model(str(path), converted_root=None)
@@ -184,7 +186,9 @@ def test_mixed_gguf_as_stored_computes_its_dequantized_weights(mixed_qwen3):
     assert isinstance(layers[1].self_attn.o_proj, Int8Linear)  # Q5_1
     assert isinstance(stored.model.lm_head, GgmlLinear)  # Q6_K
     assert stored.model.prepare_decode() is None  # mixed layer 0 too: its parts one by one
-    got = stored.model(torch.tensor(IDS), stored.model.new_cache(), all_logits=True)
+    got = stored.model(
+        torch.tensor(IDS), stored.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     # blocks and int4 layers are exact; the int8 rounding of Q5_1 and the int kernels' bf16
     # activations move logits of magnitude ~3 by ~0.05; the top token stays where it leads by more
     atol = 0.15
@@ -273,7 +277,9 @@ def test_blocks_are_mapped_not_copied_and_compute_the_files_weights(tmp_path):
     assert down.blocks.numpy().tobytes() == np.asarray(raw.data).tobytes()
     with torch.no_grad():
         expected = hf_model(torch.tensor([IDS])).logits[0]
-    got = loaded.model(torch.tensor(IDS), loaded.model.new_cache(), all_logits=True)
+    got = loaded.model(
+        torch.tensor(IDS), loaded.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     # the exact weights in fp32: only summation order differs (int8 copies were off by ~0.05)
     assert_close(got, expected, atol=2e-4, what="qwen3 gguf blocks")
 

@@ -264,9 +264,9 @@ def test_limits_are_reported(monkeypatch):
     idx = torch.zeros(HKV, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         sparse_decode_attention(make_q((3, HEAD_DIM), torch.float32), k, v, idx, 16)
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
-        sparse_decode_attention(q.to(torch.float16), k, v, idx, 16)
-    with pytest.raises(ValueError, match="differs from the K/V dtype"):
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        sparse_decode_attention(q.to(torch.float64), k, v, idx, 16)
+    with pytest.raises(ValueError, match="differs from the K/V dtype"):  # narrower than its K/V
         dense_attention(q.to(torch.bfloat16), k, v)
     with pytest.raises(ValueError, match="block_idx values"):
         sparse_decode_attention(q, k, v, torch.full((HKV, 1), 4, dtype=torch.int32), 16)
@@ -284,3 +284,65 @@ def test_limits_are_reported(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         sparse_decode_attention(q, k, v, idx, 16, impl="triton")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n_tokens", [65, 300])
+def test_fp32_queries_over_16_bit_kv_compute_in_fp32(kv_dtype, n_tokens, monkeypatch):
+    """A cache of fp16 or bf16 K/V read by fp32 queries: every op computes on the stored values
+    in fp32, as the float64 oracle does on the same values (dense attention widens at most
+    WIDEN_TOKENS keys at once: made small here, so the long read goes slice by slice)."""
+    from msa.kernels import dense as dense_module
+
+    monkeypatch.setattr(dense_module, "WIDEN_TOKENS", 128)
+    k, v = make_kv(n_tokens, kv_dtype)
+    group, block = 3, 16
+    scale = HEAD_DIM**-0.5
+    q = make_q((HKV * group, HEAD_DIM), torch.float32)
+    every = lambda h, pos: list(range(pos + 1))  # noqa: E731
+    want = oracle_attention(q[:, None], [n_tokens - 1], k, v, every, scale)[:, 0].float()
+    for impl in ("reference", "cpu"):
+        o = dense_attention(q, k, v, impl=impl)
+        assert o.dtype == torch.float32
+        assert_close(o, want, atol=2e-6, rtol=0, what=f"dense decode {impl}")
+    n_q = 40
+    chunk = make_q((HKV * group, n_q, HEAD_DIM), torch.float32, seed=3)
+    positions = list(range(n_tokens - n_q, n_tokens))
+    want_chunk = oracle_attention(chunk, positions, k, v, every, scale).float()
+    for impl in ("reference", "cpu"):
+        o = dense_attention(chunk, k, v, impl=impl)
+        assert_close(o, want_chunk, atol=2e-6, rtol=0, what=f"dense chunk {impl}")
+    n_blocks = -(-n_tokens // block)
+    idx = torch.tensor([[0, n_blocks - 1, 2], [1, n_blocks - 1, -1]], dtype=torch.int32)
+    chosen = lambda h, pos: selected_keys(idx[h], block, pos)  # noqa: E731
+    want_sparse = oracle_attention(q[:, None], [n_tokens - 1], k, v, chosen, scale)[:, 0].float()
+    for impl in ("reference", "cpu"):
+        o = sparse_decode_attention(q, k, v, idx, block, impl=impl)
+        assert_close(o, want_sparse, atol=2e-6, rtol=0, what=f"sparse decode {impl}")
+    q_start = n_tokens - n_q
+    n_qblocks = (n_tokens - 1) // block - q_start // block + 1
+    idx_chunk = idx[:, None].expand(-1, n_qblocks, -1).contiguous()
+    for row in range(n_qblocks):  # each query block reads its own block too, each block once
+        own = q_start // block + row
+        idx_chunk[:, row] = torch.where(idx_chunk[:, row] == own, -1, idx_chunk[:, row])
+        idx_chunk[:, row, 1] = own
+    want_prefill = torch.stack(
+        [
+            oracle_attention(
+                chunk[:, t : t + 1],
+                [pos],
+                k,
+                v,
+                lambda h, p: selected_keys(idx_chunk[h, p // block - q_start // block], block, p),
+                scale,
+            )[:, 0]
+            for t, pos in enumerate(positions)
+        ],
+        dim=1,
+    ).float()
+    for impl in ("reference", "cpu"):
+        o = sparse_prefill_attention(chunk, q_start, k, v, idx_chunk, block, impl=impl)
+        assert_close(o, want_prefill, atol=2e-6, rtol=0, what=f"sparse prefill {impl}")
+    sums = block_summaries(k, block, "minmax")
+    assert sums.dtype == torch.float32
+    assert torch.equal(sums[:, 1, 0], k[:, block : 2 * block].float().amin(dim=1))

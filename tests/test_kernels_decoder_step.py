@@ -67,11 +67,11 @@ def angles_of(pos: int):
     return a.cos().float(), a.sin().float()
 
 
-def stores(n_kv_heads: int, seed: int = 1):
+def stores(n_kv_heads: int, seed: int = 1, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     keys = [torch.randn(n_kv_heads, CAP, HEAD_DIM, generator=gen) for _ in range(N_LAYERS)]
     values = [torch.randn(n_kv_heads, CAP, HEAD_DIM, generator=gen) for _ in range(N_LAYERS)]
-    return keys, values
+    return [k.to(dtype) for k in keys], [v.to(dtype) for v in values]
 
 
 def summaries(n_kv_heads: int, block_size: int, seed: int = 2):
@@ -93,9 +93,10 @@ def run_both(
     load_blocks=None,
     fused_stores=None,
     layers=None,
+    kv_dtype=torch.float32,
 ):
     layers = layers or make_layers(kind, n_heads, n_kv_heads)
-    keys, values = stores(n_kv_heads)
+    keys, values = stores(n_kv_heads, dtype=kv_dtype)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
     x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
     cos, sin = angles_of(pos)
@@ -149,6 +150,24 @@ def test_dense_step_matches_reference(extension, kind, n_heads, n_kv_heads, pos)
     for layer in range(N_LAYERS):
         assert_close(fk[layer], keys[layer], **TOL, what=f"keys of layer {layer}")
         assert_close(fv[layer], values[layer], **TOL, what=f"values of layer {layer}")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("settings", [ds.StepSettings(), ds.StepSettings(0, 0, 8, 3, 1, 1, 1)])
+def test_16_bit_stores_are_written_rounded_and_read_in_fp32(extension, kv_dtype, settings):
+    """fp16 and bf16 stores: the token's K/V written rounded to nearest as PyTorch rounds them
+    (the same bits as the reference's), and read back widened to fp32, dense and MSA."""
+    sums = summaries(2, settings.block_size)
+    actual, expected, (fk, fv), (keys, values) = run_both(
+        extension, ds.FP32, 6, 2, 77, settings, sums, kv_dtype=kv_dtype
+    )
+    assert fk[0].dtype == kv_dtype
+    assert_close(actual, expected, **TOL, what=f"hidden state, {kv_dtype}")
+    for layer in range(N_LAYERS):  # within one step of the stored grid, most bits equal
+        for got, want in ((fk[layer], keys[layer]), (fv[layer], values[layer])):
+            step = want.float().abs() * torch.finfo(kv_dtype).eps + 1e-30
+            assert torch.all((got.float() - want.float()).abs() <= step)
+            assert torch.equal(got[:, :77], want[:, :77])  # the rows before it are untouched
 
 
 MSA_CASES = [

@@ -54,9 +54,10 @@ def kv(n_tokens, dtype=torch.float32):
     )[:, :n_tokens]
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", ["minmax", "mean"])
-def test_summaries(kind):
-    k, _ = kv(70)
+def test_summaries(kind, kv_dtype):
+    k, _ = kv(70, kv_dtype)
     for first_block in (0, 2):
         assert_close(
             block_summaries(k, B, kind, first_block=first_block, impl="triton"),
@@ -115,9 +116,20 @@ def test_selection_with_ties():
     assert torch.equal(got, ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sparse_decode(dtype):
-    k, v = kv(70, dtype)  # 5 blocks, the last one partial
+# (query, K/V) dtypes: one dtype throughout, or fp32 queries over a cache of 16-bit K/V, which
+# the kernels load as stored and widen to fp32 (the fp32 reference computes on the same values)
+DTYPE_PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.float32, torch.bfloat16),
+]
+PAIR_IDS = ["fp32", "bf16", "fp32-over-fp16", "fp32-over-bf16"]
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS, ids=PAIR_IDS)
+def test_sparse_decode(dtype, kv_dtype):
+    k, v = kv(70, kv_dtype)  # 5 blocks, the last one partial
     q = randn(HKV * 3, HEAD_DIM, seed=2, dtype=dtype)
     block_idx = torch.tensor(
         [[0, 2, 4, -1], [-1, -1, -1, -1]], dtype=torch.int32, device=DEVICE
@@ -135,9 +147,9 @@ def test_sparse_decode(dtype):
         assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5, what="lse")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sparse_prefill(dtype):
-    k, v = kv(70, dtype)
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS, ids=PAIR_IDS)
+def test_sparse_prefill(dtype, kv_dtype):
+    k, v = kv(70, kv_dtype)
     q = randn(HKV * 2, 30, HEAD_DIM, seed=2, dtype=dtype)  # queries 40..69: query blocks 2, 3, 4
     block_idx = torch.tensor(
         [[[0, 2, -1], [1, 2, 3], [0, 3, 4]], [[0, 1, 2], [3, -1, -1], [2, 4, -1]]],

@@ -36,9 +36,17 @@ def test_chunked_prefill_then_decode_equals_full_forward():
     assert_close(torch.cat(pieces), full, atol=1e-4, what="chunks")
 
 
-def test_cache_grows_in_whole_blocks_and_keeps_contents():
-    cache = KVCache(n_layers=1, n_kv_heads=2, head_dim=4, block_size=16)
-    assert cache.capacity == 16
+@pytest.mark.parametrize(
+    "kv_dtype,stored",
+    [("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32), ("auto", None)],
+)
+def test_cache_grows_in_whole_blocks_and_keeps_contents(kv_dtype, stored):
+    from msa.models.attention_settings import AttentionSettings
+
+    settings = AttentionSettings(kv_dtype=kv_dtype)
+    cache = KVCache(n_layers=1, n_kv_heads=2, head_dim=4, block_size=16, settings=settings)
+    stored = stored or torch.float16  # "auto": the default's old name
+    assert cache.capacity == 16 and cache.k[0].dtype == stored and settings.kv_dtype != "auto"
     k = torch.randn(2, 40, 4)
     v = torch.randn(2, 40, 4)
     keys, values = cache.write(0, k[:, :10], v[:, :10])
@@ -46,10 +54,11 @@ def test_cache_grows_in_whole_blocks_and_keeps_contents():
     keys, values = cache.write(0, k[:, 10:], v[:, 10:])
     cache.advance(30)
     assert cache.capacity % 16 == 0 and cache.capacity >= 40
-    assert torch.equal(keys, k) and torch.equal(values, v)
+    # each value rounded once, to nearest, as it was written: what every reader sees
+    assert torch.equal(keys, k.to(stored)) and torch.equal(values, v.to(stored))
     assert cache.n_full_blocks == 2
     bk, _ = cache.block(0, 2)
-    assert torch.equal(bk, k[:, 32:40])
+    assert torch.equal(bk, k[:, 32:40].to(stored))
     cache.truncate(20)
     assert cache.length == 20 and cache.n_full_blocks == 1
     with pytest.raises(IndexError):
@@ -90,12 +99,24 @@ def test_file_backed_cache_gives_the_same_logits_and_leaves_no_files(tmp_path):
     assert cache.capacity >= 90 and list(store.iterdir()) == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_spill_files_are_sized_by_the_kv_dtype(tmp_path, monkeypatch, dtype):
-    """Each spilled store is a file of capacity * heads * dim elements of the K/V dtype, and
-    `kv_bytes_per_token` (what the CLI sizes its memory check by) counts the same bytes."""
+@pytest.mark.parametrize(
+    "kv_dtype,dtype,itemsize",
+    [
+        ("fp16", torch.float32, 2),
+        ("bf16", torch.float32, 2),
+        ("fp32", torch.float32, 4),
+        ("fp32", torch.bfloat16, 4),
+        ("fp16", torch.bfloat16, 2),
+    ],
+)
+def test_spill_files_are_sized_by_the_kv_dtype(tmp_path, monkeypatch, kv_dtype, dtype, itemsize):
+    """Each spilled store is a file of capacity * heads * dim elements of the K/V dtype (2 bytes
+    for fp16 and bf16, whatever the compute dtype), and `kv_bytes_per_token` (what the CLI sizes
+    its memory check by) counts the same bytes."""
     from msa.models import kv_cache
+    from msa.models.attention_settings import AttentionSettings
     from msa.models.config import ModelConfig
+    from msa.models.kv_storage import kv_bytes_per_token
 
     sizes = []
     real_unlink = os.unlink
@@ -105,14 +126,17 @@ def test_spill_files_are_sized_by_the_kv_dtype(tmp_path, monkeypatch, dtype):
         real_unlink(path)
 
     monkeypatch.setattr(kv_cache.os, "unlink", unlink)
-    cache = KVCache(3, 2, 8, block_size=16, dtype=dtype, capacity=40, storage_dir=tmp_path)
+    settings = AttentionSettings(kv_dtype=kv_dtype)
+    cache = KVCache(
+        3, 2, 8, block_size=16, dtype=dtype, capacity=40, storage_dir=tmp_path, settings=settings
+    )
     monkeypatch.undo()
     assert cache.capacity == 48
-    assert sizes == [48 * 2 * 8 * dtype.itemsize] * 6  # K and V of 3 layers
+    assert sizes == [48 * 2 * 8 * itemsize] * 6  # K and V of 3 layers
     config = ModelConfig(
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8
     )
-    assert kv_cache.kv_bytes_per_token(config, dtype) == sum(sizes) // 48
+    assert kv_bytes_per_token(config, kv_dtype, dtype) == sum(sizes) // 48
     cache.write(0, torch.randn(2, 5, 8).to(dtype), torch.randn(2, 5, 8).to(dtype))
     cache.advance(5)
     assert cache.nbytes() == 5 * sum(sizes) // 48
@@ -179,9 +203,13 @@ def test_int8_cache_exports_int8_blocks_that_import_bit_for_bit(dtype):
         ValueError, match="does not fit"
     ):  # int8 blocks never enter a full-precision cache
         model.new_cache(settings=AttentionSettings(mode="dense")).import_block(0, blocks[0])
+    fp32 = model.new_cache(settings=AttentionSettings(mode="dense", kv_dtype="fp32"))
+    model(tokens, fp32)
+    with pytest.raises(ValueError, match="float32 K/V does not fit a cache of torch.float16"):
+        model.new_cache().import_block(0, fp32.export_block(0))  # nor fp32 blocks an fp16 one
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "fp32", "int8"])
 def test_restored_blocks_are_copied_in_only_when_attention_reads_them(kv_dtype):
     from msa.models.attention_settings import AttentionSettings
 
@@ -258,3 +286,21 @@ def test_past_the_unread_limit_restored_blocks_are_copied_in_at_once(monkeypatch
     assert restored.unread_blocks == 2 * model.config.num_hidden_layers  # blocks 0 and 1
     for layer in range(model.config.num_hidden_layers):
         assert torch.equal(restored.k[layer][:, 32:70], cache.k[layer][:, 32:70])
+
+
+@pytest.mark.parametrize("mode", ["dense", "msa"])
+def test_a_bf16_model_reads_fp16_kv_in_fp32(mode):
+    """bf16 compute over the default fp16 K/V: every attention path widens both to fp32, so the
+    logits are those of the same model over fp32 K/V to within the K/V's rounding."""
+    from msa.models.attention_settings import AttentionSettings
+
+    model = tiny_model().to(torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (16 * 12 + 3,))
+    out = {}
+    for kv_dtype in ("fp16", "fp32"):
+        settings = AttentionSettings(mode=mode, topk=2, kv_dtype=kv_dtype)
+        cache = model.new_cache(settings=settings)
+        assert cache.k[0].dtype == {"fp16": torch.float16, "fp32": torch.float32}[kv_dtype]
+        logits = model(tokens, cache, all_logits=True)
+        out[kv_dtype] = torch.cat([logits, model(torch.tensor([4]), cache)[None]]).float()
+    assert_close(out["fp16"], out["fp32"], atol=0.05 * float(out["fp32"].abs().max()), what=mode)

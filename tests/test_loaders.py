@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 from tiny_checkpoints import CHAT_TEMPLATE, random_llama_weights, write_tiny_gguf
 
 from msa.models import ModelConfig, ModelError
@@ -67,7 +67,9 @@ def test_gguf_f32_matches_transformers(tmp_path):
     loaded = load_model(str(path), converted_root=tmp_path / "converted")
     ids = loaded.tokenizer.encode("hello <|im_end|> world")
     assert 2 in ids  # the control token is parsed whole
-    actual = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
+    actual = loaded.model(
+        torch.tensor(ids), loaded.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     assert_close(
         actual, reference_logits(hf_llama(config, weights), ids), atol=1e-4, what="gguf f32"
     )
@@ -95,8 +97,8 @@ def test_gguf_quantized_weights_dequantize_near_the_originals(tmp_path, qtype, t
     loaded = load_model(str(path), converted_root=None, fuse=False, quant="none")
     if qtype == "Q8_0":  # kept in its blocks: the same weights, q/k rows read in Llama's order
         ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
-        got = stored.model(ids, stored.model.new_cache(), all_logits=True)
-        expected = loaded.model(ids, loaded.model.new_cache(), all_logits=True)
+        got = stored.model(ids, stored.model.new_cache(settings=exact_kv()), all_logits=True)
+        expected = loaded.model(ids, loaded.model.new_cache(settings=exact_kv()), all_logits=True)
         assert_close(got, expected, atol=1e-4, what="Q8_0 blocks")
     for ours, theirs in [
         ("layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
@@ -135,7 +137,9 @@ def test_hf_directory_matches_transformers(tmp_path, embedded):
     )
     loaded = load_model(str(folder))
     ids = loaded.tokenizer.encode("The capital of France is")
-    actual = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
+    actual = loaded.model(
+        torch.tensor(ids), loaded.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     assert_close(actual, reference_logits(hf_model, ids), atol=1e-4, what="hf dir")
     assert loaded.tokenizer.eos_ids == [2]
 

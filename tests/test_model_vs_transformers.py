@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_logits_match_transformers(embedded_fp32, hf_reference):
         with torch.no_grad():
             expected = hf_model(torch.tensor([ids])).logits[0]
         actual = embedded_fp32.model(
-            torch.tensor(ids), embedded_fp32.model.new_cache(), all_logits=True
+            torch.tensor(ids), embedded_fp32.model.new_cache(settings=exact_kv()), all_logits=True
         )
         # both dequantize the same Q4_1/Q8_0 weights to fp32; observed max error ~5e-5 on logits
         # of ~30
@@ -54,7 +54,9 @@ def test_default_int4_logits_near_transformers(embedded, hf_reference):
         with torch.no_grad():
             expected = hf_model(torch.tensor([ids])).logits[0].log_softmax(-1)
         actual = (
-            embedded.model(torch.tensor(ids), embedded.model.new_cache(), all_logits=True)
+            embedded.model(
+                torch.tensor(ids), embedded.model.new_cache(settings=exact_kv()), all_logits=True
+            )
             .float()
             .log_softmax(-1)
         )

@@ -38,7 +38,10 @@ def _cache(
     blocks unless `selection_layer` is given."""
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
-    s = AttentionSettings(mode="msa", block_size=block, **{"selection_layer": None, **settings})
+    # fp32 K/V: the references below compute on the keys before they were stored
+    s = AttentionSettings(
+        mode="msa", block_size=block, **{"selection_layer": None, "kv_dtype": "fp32", **settings}
+    )
     cache = KVCache(
         n_layers,
         hkv,

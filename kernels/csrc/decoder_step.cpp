@@ -1,5 +1,6 @@
 // One decode step (one new token) through a stack of pre-norm GQA decoder layers, on the CPU,
-// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm) -> rotate-half RoPE -> append K/V -> attention (dense, or
+// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm) -> rotate-half RoPE -> append K/V
+// (fp32, fp16 or bf16 stores; int8 K/V rounded to their grid, kv_rows.h) -> attention (dense, or
 // MSA: block selection over the cache's summaries, then the selected blocks) -> O -> residual
 // -> RMSNorm -> fused gate/up -> SiLU-GLU -> down -> residual, layer after layer.
 //
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "ggml_blocks.h"
+#include "kv_rows.h"
 
 namespace {
 
@@ -157,9 +159,12 @@ struct Partial {
 };
 
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
-// ([cap, D] rows), as a Partial. p: scratch of at least G * (tokens in segs).
-Partial attend_segments(const float* q, int64_t g, int64_t d, const float* k, const float* v,
+// ([cap, D] rows of fp32, fp16 or bf16, widened to fp32 a row at a time), as a Partial.
+// p: scratch of at least G * (tokens in segs).
+template <typename T>
+Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const T* v,
                         const Segment* segs, int64_t n_segs, float scale, const double* inv_freq, float* p) {
+  std::vector<float> row(static_cast<size_t>(d));
   int64_t n = 0;
   for (int64_t i = 0; i < n_segs; ++i) n += segs[i].len;
   std::vector<float> qm(static_cast<size_t>(g * d)), cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
@@ -179,7 +184,7 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const float* k, co
       qs = qm.data();
     }
     for (int64_t t = 0; t < seg.len; ++t) {
-      const float* kr = k + (seg.start + t) * d;
+      const float* kr = kv_rows::widen(k + (seg.start + t) * d, row.data(), d);
       for (int64_t j = 0; j < g; ++j) p[j * n + at + t] = dot(qs + j * d, kr, d) * scale;
     }
     at += seg.len;
@@ -201,7 +206,7 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const float* k, co
   at = 0;
   for (int64_t i = 0; i < n_segs; ++i) {
     for (int64_t t = 0; t < segs[i].len; ++t) {
-      const float* vr = v + (segs[i].start + t) * d;
+      const float* vr = kv_rows::widen(v + (segs[i].start + t) * d, row.data(), d);
       for (int64_t j = 0; j < g; ++j) {
         const float w = p[j * n + at + t];
         float* o = part.o.data() + j * d;
@@ -217,7 +222,8 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const float* k, co
 // Attention of one token's query heads q [Hq, D] over each KV head's segments of the stores
 // [Hkv, cap, D], out [Hq, D]. The work is cut into pieces of about `piece` tokens (whole
 // segments) spread over the threads, then merged per KV head (flash-decoding).
-void attend(const float* q, const float* k, const float* v, int64_t cap, const std::vector<std::vector<Segment>>& segs,
+template <typename T>
+void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vector<std::vector<Segment>>& segs,
             int64_t n_heads, int64_t d, float scale, const double* inv_freq, float* out) {
   const int64_t n_kv_heads = static_cast<int64_t>(segs.size());
   const int64_t g = n_heads / n_kv_heads;
@@ -350,6 +356,39 @@ std::vector<Segment> selected_segments(const Selection& sel, int64_t pos, const 
   return segs;
 }
 
+// The new token's rows x [Hkv, D] written at `pos` of a layer's store [Hkv, cap, D], in the
+// store's type.
+template <typename T>
+void write_rows(const float* x, const at::Tensor& store, int64_t heads, int64_t d, int64_t pos) {
+  const int64_t cap = store.size(1);
+  T* base = store.data_ptr<T>();
+  for (int64_t h = 0; h < heads; ++h) kv_rows::narrow(x + h * d, base + (h * cap + pos) * d, d);
+}
+
+void write_token(const float* x, const at::Tensor& store, int64_t heads, int64_t d, int64_t pos) {
+  switch (store.scalar_type()) {
+    case at::kHalf: return write_rows<at::Half>(x, store, heads, d, pos);
+    case at::kBFloat16: return write_rows<at::BFloat16>(x, store, heads, d, pos);
+    default: return write_rows<float>(x, store, heads, d, pos);
+  }
+}
+
+// `attend` over a layer's stores k, v [Hkv, cap, D] of fp32, fp16 or bf16.
+void attend_stores(const float* q, const at::Tensor& k, const at::Tensor& v,
+                   const std::vector<std::vector<Segment>>& segs, int64_t n_heads, int64_t d, float scale,
+                   const double* inv_freq, float* out) {
+  const int64_t cap = k.size(1);
+  switch (k.scalar_type()) {
+    case at::kHalf:
+      return attend(q, k.data_ptr<at::Half>(), v.data_ptr<at::Half>(), cap, segs, n_heads, d, scale, inv_freq, out);
+    case at::kBFloat16:
+      return attend(q, k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), cap, segs, n_heads, d, scale,
+                    inv_freq, out);
+    default:
+      return attend(q, k.data_ptr<float>(), v.data_ptr<float>(), cap, segs, n_heads, d, scale, inv_freq, out);
+  }
+}
+
 // The segments of a dense read of positions 0..n-1: pieces of one block size each, so that the
 // threads can share them.
 std::vector<Segment> dense_segments(int64_t n, int64_t piece) {
@@ -430,10 +469,14 @@ class DecoderStack {
   // passing `shared` back.
   std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>> step(
       at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+      const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
       std::vector<int64_t> settings, int64_t first_layer, std::vector<int64_t> shared_in) const {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
+    const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
+    TORCH_CHECK(!int8 || (key_scales.size() == layers_.size() && value_scales.size() == layers_.size()),
+                "int8 K/V: one K and V scale store per layer");
     TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
     const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
     const bool sparse = pos >= s.sparse_from;
@@ -467,9 +510,18 @@ class DecoderStack {
       const at::Tensor& ks = keys[li];
       const at::Tensor& vs = values[li];
       const int64_t cap = ks.size(1);
-      TORCH_CHECK(ks.is_contiguous() && vs.is_contiguous() && ks.scalar_type() == at::kFloat &&
-                      vs.scalar_type() == at::kFloat && pos < cap && vs.size(1) == cap,
-                  "K/V stores must be contiguous fp32 [Hkv, cap, D] with room for the token");
+      const at::ScalarType kv_type = ks.scalar_type();
+      TORCH_CHECK(ks.is_contiguous() && vs.is_contiguous() && vs.scalar_type() == kv_type &&
+                      (kv_type == at::kFloat || kv_type == at::kHalf || kv_type == at::kBFloat16) &&
+                      (!int8 || kv_type == at::kFloat) && pos < cap && vs.size(1) == cap,
+                  "K/V stores must be contiguous fp32, fp16 or bf16 [Hkv, cap, D] with room for the token "
+                  "(int8 K/V: fp32)");
+      if (int8) {
+        for (const at::Tensor* t : {&key_scales[li], &value_scales[li]})
+          TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
+                          t->size(0) == n_kv_heads_ && t->size(1) == cap,
+                      "int8 K/V scales must be contiguous fp32 [Hkv, cap]");
+      }
       rms_norm(xs, l.norm_in.data_ptr<float>(), h.data(), hidden_, eps_);
       l.qkv.apply(h.data(), qkv.data());
       float* q = qkv.data();
@@ -482,16 +534,20 @@ class DecoderStack {
       }
       std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
       rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
-      float* kst = ks.data_ptr<float>();
-      float* vst = vs.data_ptr<float>();
-      for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh) {
-        std::copy(k + kvh * d_, k + (kvh + 1) * d_, kst + (kvh * cap + pos) * d_);
-        std::copy(v + kvh * d_, v + (kvh + 1) * d_, vst + (kvh * cap + pos) * d_);
+      if (int8) {
+        float* k_scale = key_scales[li].data_ptr<float>();
+        float* v_scale = value_scales[li].data_ptr<float>();
+        for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh) {
+          k_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(k + kvh * d_, d_);
+          v_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(v + kvh * d_, d_);
+        }
       }
+      write_token(k, ks, n_kv_heads_, d_, pos);  // attention reads the token back as stored
+      write_token(v, vs, n_kv_heads_, d_, pos);
       if (!sparse) {
         const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
                                                      dense_segments(pos + 1, s.block_size));
-        attend(q, kst, vst, cap, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
       } else {
         const int64_t layer = static_cast<int64_t>(li);
         std::vector<Selection> sel;
@@ -521,7 +577,7 @@ class DecoderStack {
         if (!missing.empty()) return {layer, missing, flatten(shared, have_shared)};
         std::vector<std::vector<Segment>> segs;
         for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
-        attend(q, kst, vst, cap, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
       }
       l.o.apply(attn.data(), delta.data());
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];

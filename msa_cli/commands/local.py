@@ -57,6 +57,6 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
-        f"{'; int8 K/V' if attention.kv_dtype == 'int8' else ''}; decode {decode}; "
+        f"; {attention.kv_dtype} K/V; decode {decode}; "
         f"prompt: {loaded.tokenizer.template.form}"
     )

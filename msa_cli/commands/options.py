@@ -107,13 +107,14 @@ LocalBlocksOption = typer.Option(
     1, "--local-blocks", min=1, help="Most recent blocks every token reads."
 )
 KvDtypeOption = typer.Option(
-    "auto",
+    "fp16",
     "--kv-dtype",
     envvar="MSA_KV_DTYPE",
     show_envvar=True,
-    help="auto: keys and values in the compute dtype; int8: rounded to int8 (one scale per token "
-    "and head), "
-    "so the prefix cache takes about a quarter of the disk.",
+    help="How keys and values are stored (memory, spill files, prefix cache): fp16 (2 bytes "
+    "each, as llama.cpp's cache), bf16, fp32, or int8 (one scale per token and head: the prefix "
+    "cache takes about a quarter of fp32's disk). Attention computes in fp32 with each. auto: "
+    "the default (fp16).",
 )
 QuietOption = typer.Option(
     False,
@@ -178,13 +179,18 @@ TimeoutOption = typer.Option(
 
 
 def attention_settings(mode: str, topk: int | None, block_size, local_blocks: int, kv_dtype: str):
-    from msa.models.attention_settings import KV_DTYPES, MODES, AttentionSettings
+    from msa.models.attention_settings import (
+        KV_DTYPE_ALIASES,
+        KV_DTYPES,
+        MODES,
+        AttentionSettings,
+    )
 
     if mode not in MODES:
         raise typer.BadParameter(
             f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention"
         )
-    if kv_dtype not in KV_DTYPES:
+    if kv_dtype not in KV_DTYPES and kv_dtype not in KV_DTYPE_ALIASES:
         raise typer.BadParameter(
             f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}", param_hint="--kv-dtype"
         )

@@ -18,7 +18,8 @@ import torch
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import AttentionObserver
-from msa.models.kv_cache import KVCache, kv_bytes_per_token
+from msa.models.kv_cache import KVCache
+from msa.models.kv_storage import kv_bytes_per_token
 from msa.models.llama import Transformer
 
 PREFILL_CHUNK = 512
@@ -64,10 +65,11 @@ def new_cache(
     blocks than there are, and a larger count only sized work and memory (a --topk of 100,000
     asked for 29 GB). A query within `capacity` reads the same blocks either way."""
     dtype = model.embed_tokens.weight.dtype
+    attention = attention or AttentionSettings()
     return model.new_cache(
         capacity=capacity,
-        settings=_within_blocks(attention or AttentionSettings(), capacity, model.config),
-        storage_dir=kv_storage_dir(model.config, dtype, capacity, spill_dir),
+        settings=_within_blocks(attention, capacity, model.config),
+        storage_dir=kv_storage_dir(model.config, attention.kv_dtype, dtype, capacity, spill_dir),
     )
 
 
@@ -82,14 +84,14 @@ def _within_blocks(attention: AttentionSettings, capacity: int, config) -> Atten
 
 
 def kv_storage_dir(
-    config, dtype: torch.dtype, n_tokens: int, spill_dir: Path | None
+    config, kv_dtype: str, dtype: torch.dtype, n_tokens: int, spill_dir: Path | None
 ) -> Path | None:
-    """Where a cache of `n_tokens` of `dtype` K/V keeps them: None (memory) while they take at
-    most half of the available memory, else files under `spill_dir`, which the OS pages in block
-    by block."""
+    """Where a cache of `n_tokens` of `kv_dtype` K/V (AttentionSettings.kv_dtype) of a model
+    computing in `dtype` keeps them: None (memory) while they take at most half of the available
+    memory, else files under `spill_dir`, which the OS pages in block by block."""
     import psutil
 
-    per_token = kv_bytes_per_token(config, dtype)
+    per_token = kv_bytes_per_token(config, kv_dtype, dtype)
     if spill_dir is None or n_tokens * per_token <= psutil.virtual_memory().available // 2:
         return None
     return spill_dir

@@ -89,14 +89,13 @@ class SourceTracker:
         if lo >= hi:
             return
         keys, _ = cache.fetch(layer, 0, q_start + hi)
+        keys = keys.float()  # stored fp16 by default: widened once for the chunk's queries
         hkv, d = keys.shape[0], q.shape[-1]
         pad = self.n_blocks * self.block_size - self.doc_end
         for t in range(lo, hi):
             pos = q_start + t
             qt = q[:, t].float().view(hkv, -1, d)  # [Hkv, G, D]
-            att = torch.softmax(
-                (qt @ keys[:, : pos + 1].float().mT) * d**-0.5, dim=-1
-            )  # [Hkv, G, pos+1]
+            att = torch.softmax((qt @ keys[:, : pos + 1].mT) * d**-0.5, dim=-1)  # [Hkv, G, pos+1]
             mass = torch.nn.functional.pad(att[..., : self.doc_end], (0, pad))
             mass = mass.reshape(-1, self.n_blocks, self.block_size).sum(-1)  # [Hq, n_blocks]
             kind = "base" if pos < self.question_from else "question"

@@ -118,6 +118,7 @@ def skip_reason(model, length: int, limit: int) -> str | None:
 
     if length > limit:
         return f"llama.cpp skipped past {limit:,} tokens (--dense-limit, the model's context)"
-    if kv_storage_dir(model.loaded.config, torch.float16, length, Path("spill")) is not None:
+    config = model.loaded.config
+    if kv_storage_dir(config, "fp16", torch.float32, length, Path("spill")) is not None:
         return f"llama.cpp skipped at {length:,} tokens: its K/V would not fit in memory"
     return None

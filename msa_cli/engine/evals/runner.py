@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msa.models.attention_settings import AttentionSettings
+from msa.models.attention_settings import DEFAULT_KV_DTYPE, AttentionSettings
 
 from ..generate import kv_storage_dir
 from ..prefix_cache import CacheOptions, budget_from_env, prefix_dir
@@ -107,7 +107,7 @@ def dense_skip(model, length: int, dense_limit: int) -> str | None:
     if length > limit:
         return f"dense skipped past {limit:,} tokens (--dense-limit, the model's context)"
     dtype = loaded.model.embed_tokens.weight.dtype
-    if kv_storage_dir(loaded.config, dtype, length, Path("spill")) is not None:
+    if kv_storage_dir(loaded.config, DEFAULT_KV_DTYPE, dtype, length, Path("spill")) is not None:
         return f"dense skipped at {length:,} tokens: its K/V would not fit in memory"
     return None
 
