@@ -78,10 +78,13 @@ class GgmlLinear(nn.Module):
 
 
 def choose_bf16_prefill(model: nn.Module, dtype_name: str) -> bool:
-    """Set whether the GgmlLinear layers of `model` multiply many rows (prefill) on bf16 tiles,
-    and return it: yes under compute dtype "auto" or "bf16" where this CPU multiplies bf16 in
-    matrix units (AMX, as PyTorch's oneDNN finds it); under "fp32", and elsewhere, exact fp32."""
-    layers = [m for m in model.modules() if isinstance(m, GgmlLinear)]
+    """Set whether the GgmlLinear layers of `model`'s blocks multiply many rows (prefill) on
+    bf16 tiles, and return it: yes under compute dtype "auto" or "bf16" where this CPU multiplies
+    bf16 in matrix units (AMX, as PyTorch's oneDNN finds it); under "fp32", and elsewhere, exact
+    fp32. The output head stays exact: prefill asks it for one row (the last token's logits),
+    and a model whose only such layer is its head (the embedded one) is left as it was."""
+    head = getattr(model, "lm_head", None)
+    layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
     chosen = bool(layers) and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_matrix_units()
     for m in layers:
         m.prefill_bf16 = chosen
