@@ -132,8 +132,9 @@ def computed_digest(
     file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None
 ) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
-    else hashed with the quantization and dtype, and the dtype of the copy int4 layers prefill
-    from, if any (the prefix cache keys on it: K/V differ)."""
+    else hashed with the quantization and dtype, and how prefill multiplies, if not as decode
+    does: `prefill_copy`, the dtype of the copy int4 layers prefill from and "bf16-tiles" for
+    GGUF blocks on bf16 tiles, joined by "+" (the prefix cache keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
     label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (
@@ -186,12 +187,12 @@ def load_model(
     model = build_model(ckpt, DTYPES[compute], quant=to_quantize, fuse=fuse)
     bf16_prefill = choose_bf16_prefill(model, dtype_name)
     # the prefix cache keys on the digest: K/V prefilled from bf16 products differ
-    prefill = prefill_copies(model) or ("bf16" if bf16_prefill else None)
+    prefill = "+".join(p for p in (prefill_copies(model), bf16_prefill and "bf16-tiles") if p)
     loaded = LoadedModel(
         name=src.name,
         model=model,
         tokenizer=ckpt.tokenizer,
-        digest=computed_digest(ckpt.digest, quant, compute, prefill_copy=prefill),
+        digest=computed_digest(ckpt.digest, quant, compute, prefill_copy=prefill or None),
         source=ckpt.source,
         quantization=quant,
         dtype=compute,

@@ -3,7 +3,7 @@
 // each value then rounded to bf16 (to nearest, ties to even: PyTorch's .to(torch.bfloat16)), and
 // multiplied with bf16-rounded activations by PyTorch's brgemm (at::native::cpublas, oneDNN's
 // micro-kernel: AMX tiles, sums kept in fp32, fp32 out). No fp32 tile is written: converting one
-// to bf16 cost half as long again as the bf16 product itself (measured: 8.4 ms against 17.8).
+// to bf16 would add half the bf16 product's own time (measured: 8.4 ms to its 17.8).
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
