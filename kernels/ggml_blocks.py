@@ -4,7 +4,9 @@ straight from the file's memory map by the C++ kernels in csrc/ggml_blocks.{h,cp
 A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its GGML type and
 optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
 `linear` computes in fp32: a matvec from the blocks for one row of input (decode), fp32 tiles
-of dequantized rows times a GEMM for more (prefill). msa.models.gguf_blocks.dequantize_rows
+of dequantized rows times a GEMM for more (prefill). `linear_bf16` is prefill's faster choice
+where the CPU multiplies bf16 in its matrix units (`bf16_matrix_units()`: AMX): bf16 tiles of the
+weights times bf16-rounded inputs, summed in fp32. msa.models.gguf_blocks.dequantize_rows
 (gguf.quants, llama.cpp's reference) is the definition the kernels are tested against.
 """
 
@@ -41,3 +43,23 @@ def dequantize(
 ) -> torch.Tensor:
     """Rows first..last-1 of the weight, fp32 [last - first, n_cols]."""
     return compiled_extension().dequantize(blocks, ggml_type, row_ids, n_cols, first, last)
+
+
+def linear_bf16(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=NO_ROW_IDS):
+    """x [M, K] fp32 -> x' W'^T [M, N] fp32, where x' and W' are x and the weights rounded to
+    bf16 (to nearest even) and the products are summed in fp32."""
+    return compiled_extension().linear_bf16(x, blocks, ggml_type, row_ids)
+
+
+def dequantize_bf16(
+    blocks: torch.Tensor, ggml_type: int, n_cols: int, first: int, last: int, row_ids=NO_ROW_IDS
+) -> torch.Tensor:
+    """Rows first..last-1 of the weight rounded to bf16, [last - first, n_cols]."""
+    return compiled_extension().dequantize_bf16(blocks, ggml_type, row_ids, n_cols, first, last)
+
+
+def bf16_matrix_units() -> bool:
+    """Whether `linear_bf16` runs on bf16 matrix units here (AMX, as PyTorch's oneDNN finds it);
+    elsewhere it is right but no faster than `linear`. False where the kernels cannot be built."""
+    ext = compiled_extension()
+    return ext is not None and ext.bf16_matrix_units()

@@ -3,7 +3,10 @@ from the file: nothing converted or copied at load, every bit of the file's weig
 
 The products run in fp32 on the C++ kernels of msa.kernels.ggml_blocks (a matvec from the
 blocks for one row, dequantized tiles times a GEMM for more), so the outputs are the exact
-weights' to fp32 rounding: no int8 rounding, no bf16 activations. Where the kernels cannot be
+weights' to fp32 rounding: no int8 rounding, no bf16 activations. The one exception is chosen
+by the loader (`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX): then
+products of more than one row (prefill) multiply bf16 tiles of the weights with bf16-rounded
+inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster. Where the kernels cannot be
 built, the weights are dequantized by the reference (gguf.quants) at each call: slow, right.
 
 State: `{module}.blocks` (uint8 [rows, bytes per row], a read-only view of the mapped file),
@@ -40,6 +43,7 @@ class GgmlLinear(nn.Module):
         self.register_buffer("row_ids", ggml_blocks.NO_ROW_IDS)
         self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self.type_id = 0
+        self.prefill_bf16 = False  # many-row products on bf16 tiles (choose_bf16_prefill)
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         if prefix + "blocks" not in state_dict:
@@ -55,10 +59,12 @@ class GgmlLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
-        if ggml_blocks.compiled_extension() is not None:
-            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids)
-        else:
+        if ggml_blocks.compiled_extension() is None:
             out = F.linear(flat, self.rows(torch.arange(self.out_features)))
+        elif self.prefill_bf16 and flat.shape[0] > 1:
+            out = ggml_blocks.linear_bf16(flat, self.blocks, self.type_id, self.row_ids)
+        else:
+            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids)
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -69,6 +75,20 @@ class GgmlLinear(nn.Module):
             ids = self.row_ids[ids]
         raw = self.blocks[ids].numpy()
         return torch.from_numpy(dequantize_rows(raw, type_name(self.type_id), self.in_features))
+
+
+def choose_bf16_prefill(model: nn.Module, dtype_name: str) -> bool:
+    """Set whether the GgmlLinear layers of `model`'s blocks multiply many rows (prefill) on
+    bf16 tiles, and return it: yes under compute dtype "auto" or "bf16" where this CPU multiplies
+    bf16 in matrix units (AMX, as PyTorch's oneDNN finds it); under "fp32", and elsewhere, exact
+    fp32. The output head stays exact: prefill asks it for one row (the last token's logits),
+    and a model whose only such layer is its head (the embedded one) is left as it was."""
+    head = getattr(model, "lm_head", None)
+    layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
+    chosen = bool(layers) and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_matrix_units()
+    for m in layers:
+        m.prefill_bf16 = chosen
+    return chosen
 
 
 def swap_ggml_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:

@@ -13,7 +13,7 @@ from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
-from .ggml_linear import swap_ggml_for_state
+from .ggml_linear import choose_bf16_prefill, swap_ggml_for_state
 from .gguf_loader import load_gguf
 from .hf_loader import LAYER_NAME, load_hf_dir
 from .llama import Transformer
@@ -32,6 +32,7 @@ from .registry import resolve
 from .tokenizer import TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+AUTO = "auto"  # fp32 compute, GGUF-block prefill products on bf16 tiles where the CPU has AMX
 FLOAT = "none"  # the `quant` that asks for floating-point weights whatever the file stores
 
 
@@ -46,6 +47,7 @@ class LoadedModel:
     # (gguf_tensors.quantization_label), or None (floating point)
     quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
+    bf16_prefill: bool = False  # GGUF-block layers prefill on bf16 tiles (choose_bf16_prefill)
 
     @property
     def config(self):
@@ -130,8 +132,9 @@ def computed_digest(
     file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None
 ) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
-    else hashed with the quantization and dtype, and the dtype of the copy int4 layers prefill
-    from, if any (the prefix cache keys on it: K/V differ)."""
+    else hashed with the quantization and dtype, and how prefill multiplies, if not as decode
+    does: `prefill_copy`, the dtype of the copy int4 layers prefill from and "bf16-tiles" for
+    GGUF blocks on bf16 tiles, joined by "+" (the prefix cache keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
     label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (
@@ -152,7 +155,8 @@ def load_model(
     calibrations: Path | None = None,
 ) -> LoadedModel:
     """Load `spec` (a registry name, a quantized copy under `quantized_root`, a .gguf file or a
-    model directory) for inference on the CPU, in `dtype` ("fp32" or "bf16"), its weights
+    model directory) for inference on the CPU, in `dtype` ("fp32", "bf16" or "auto": fp32 with
+    the GGUF-block layers' prefill on bf16 tiles where the CPU has AMX), its weights
     quantized to `quant` ("int8", "int4"), in floating point ("none"), or, by default (None), as
     the file stores them: a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 tensors in their own mapped blocks, its
     Q4_0/Q4_1 ones in int4 from their blocks, its other quantized ones in int8
@@ -165,6 +169,7 @@ def load_model(
     measured on these weights, if any.
     """
     dtype_name = _dtype_name(dtype)
+    compute = "fp32" if dtype_name == AUTO else dtype_name
     src, ckpt = load_checkpoint(
         spec,
         converted_root=converted_root,
@@ -179,15 +184,19 @@ def load_model(
         quant = None
     else:
         to_quantize = quant
-    model = build_model(ckpt, DTYPES[dtype_name], quant=to_quantize, fuse=fuse)
+    model = build_model(ckpt, DTYPES[compute], quant=to_quantize, fuse=fuse)
+    bf16_prefill = choose_bf16_prefill(model, dtype_name)
+    # the prefix cache keys on the digest: K/V prefilled from bf16 products differ
+    prefill = "+".join(p for p in (prefill_copies(model), bf16_prefill and "bf16-tiles") if p)
     loaded = LoadedModel(
         name=src.name,
         model=model,
         tokenizer=ckpt.tokenizer,
-        digest=computed_digest(ckpt.digest, quant, dtype_name, prefill_copy=prefill_copies(model)),
+        digest=computed_digest(ckpt.digest, quant, compute, prefill_copy=prefill or None),
         source=ckpt.source,
         quantization=quant,
-        dtype=dtype_name,
+        dtype=compute,
+        bf16_prefill=bf16_prefill,
     )
     if calibrations is not None:
         measured = read_calibration(calibration_path(calibrations, loaded.digest), model.config)
@@ -281,6 +290,6 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
         if dtype not in names:
             raise ModelError(f"compute dtype must be one of {', '.join(DTYPES)}, not {dtype}")
         return names[dtype]
-    if dtype not in DTYPES:
-        raise ModelError(f"compute dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if dtype not in (*DTYPES, AUTO):
+        raise ModelError(f"compute dtype must be one of {', '.join(DTYPES)}, {AUTO}, not {dtype!r}")
     return dtype

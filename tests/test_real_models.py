@@ -36,12 +36,16 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module", params=sorted(REAL_FILES))
+# fp32: the library's default, exact; auto: the CLI's, bf16 prefill tiles where the CPU has AMX
+@pytest.fixture(
+    scope="module", params=[(f, d) for f in sorted(REAL_FILES) for d in ("fp32", "auto")]
+)
 def real(request, tmp_path_factory):
-    path = REAL_GGUF_DIR / REAL_FILES[request.param]
+    family, dtype = request.param
+    path = REAL_GGUF_DIR / REAL_FILES[family]
     if not path.is_file():
         pytest.skip(f"{path} is not there")
-    return path, load(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
+    return path, load(str(path), dtype=dtype, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def test_it_answers_on_the_sample_document(real):

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "ggml_blocks.h"
+#include "ggml_blocks_bf16.h"
 
 namespace {
 
@@ -66,9 +67,42 @@ at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_
   return yt.t().contiguous();
 }
 
+// bf16 [last - first, k]: rows first..last-1 of the weight, each value rounded to bf16.
+at::Tensor dequantize_bf16(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64_t k, int64_t first,
+                           int64_t last) {
+  const Rows w = rows_of(blocks, type, row_ids, k);
+  TORCH_CHECK(0 <= first && first <= last && last <= w.n, "rows out of range");
+  at::Tensor out = at::empty({last - first, k}, at::kBFloat16);
+  const int64_t* ids = w.ids ? w.ids + first : nullptr;
+  const uint8_t* base = ids ? w.base : w.base + first * w.row_bytes;
+  ggml_blocks::dequantize_rows_bf16(type, base, w.row_bytes, ids, last - first, k,
+                                    reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  return out;
+}
+
+// Whether this CPU runs linear_bf16 on bf16 matrix units (oneDNN packs for AMX there); else it
+// is right but takes a plain path, no faster than fp32.
+bool bf16_matrix_units() { return at::native::cpublas::could_pack(at::kBFloat16); }
+
+// x [M, k] fp32 -> x W^T [M, N] fp32 from W's rows rounded to bf16 and x rounded to bf16, the
+// products summed in fp32 (ggml_blocks_bf16.h).
+at::Tensor linear_bf16(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be fp32 [M, K]");
+  const Rows w = rows_of(blocks, type, row_ids, x.size(1));
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  at::Tensor y = at::empty({x.size(0), w.n}, at::kFloat);
+  if (x.size(0) > 0)
+    ggml_blocks::linear_bf16_tiles(type, w.base, w.row_bytes, w.ids, w.n, w.k, xb.data_ptr<at::BFloat16>(), x.size(0),
+                                   bf16_matrix_units(), y.data_ptr<float>());
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_bf16", &dequantize_bf16, py::call_guard<py::gil_scoped_release>());
+  m.def("linear_bf16", &linear_bf16, py::call_guard<py::gil_scoped_release>());
+  m.def("bf16_matrix_units", &bf16_matrix_units);
 }

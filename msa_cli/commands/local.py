@@ -52,7 +52,8 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
         else f"op by op ({loaded.model.per_op_reason})"
     )
     return (
-        f"model {loaded.name} ({loaded.source}), {loaded.weights} weights, "
+        f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
+        f"{' (prefill on bf16 tiles, AMX)' if loaded.bf16_prefill else ''}, "
         f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "

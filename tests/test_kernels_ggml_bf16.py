@@ -1,0 +1,82 @@
+"""The bf16 tiles of GGUF blocks (msa.kernels.ggml_blocks.dequantize_bf16, linear_bf16) against
+the reference: gguf.quants' dequantization (llama.cpp's own) rounded to bf16 must come out
+bit for bit, and the product must be a plain PyTorch product of the bf16-rounded weights and
+inputs, summed in fp32. Both ways the product runs are checked on any CPU: on bf16 matrix
+units (AMX, VNNI-packed tiles) where this CPU has them, and the plain path that oneDNN turned
+off (`torch.backends.mkldnn`) takes elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_ggml_blocks import fp64_product, random_weight
+
+from msa.kernels import ggml_blocks
+from msa.kernels.testing import assert_close
+
+pytest.importorskip("gguf")
+TYPES = list(ggml_blocks.TYPES)
+PATHS = [
+    pytest.param(
+        True,
+        id="matrix-units",
+        marks=pytest.mark.skipif(
+            not ggml_blocks.bf16_matrix_units(), reason="no bf16 matrix units (AMX) here"
+        ),
+    ),
+    pytest.param(False, id="plain"),
+]
+
+
+@pytest.fixture(autouse=True)
+def extension():
+    assert ggml_blocks.compiled_extension() is not None, ggml_blocks.build_error()
+
+
+def rounded_product(x: torch.Tensor, w: torch.Tensor):
+    """x W^T of the bf16-rounded x and W in fp64, and the bound of fp32 summation."""
+    return fp64_product(x.bfloat16().float(), w.bfloat16().float())
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_bf16_tiles_are_the_reference_rounded_to_bf16(qtype):
+    blocks, w = random_weight(qtype, 40, 1024, seed=5)
+    got = ggml_blocks.dequantize_bf16(blocks, ggml_blocks.TYPES[qtype], 1024, 3, 37)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, w[3:37].bfloat16())
+
+
+@pytest.mark.parametrize("matrix_units", PATHS)
+@pytest.mark.parametrize("qtype", TYPES)
+# 1 row; 70: a chunk of 128 rows' tail; 300: three chunks
+@pytest.mark.parametrize("rows", [1, 70, 300])
+def test_bf16_product_is_the_rounded_product(qtype, rows, matrix_units):
+    # 1100 outputs: 17 blocks of 64 and a tail of 12 (groups of 1 to 8 blocks by the width)
+    blocks, w = random_weight(qtype, 1100, 512, seed=6)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(7))
+    exact, tol = rounded_product(x, w)
+    with torch.backends.mkldnn.flags(enabled=matrix_units):
+        assert ggml_blocks.bf16_matrix_units() == matrix_units
+        got = ggml_blocks.linear_bf16(x, blocks, ggml_blocks.TYPES[qtype])
+    assert got.dtype == torch.float32
+    assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+@pytest.mark.parametrize("matrix_units", PATHS)
+def test_bf16_product_follows_row_ids_and_wide_rows(matrix_units):
+    # 4864 inputs (Qwen2.5-0.5B's FFN width): one block of 64 outputs a group
+    blocks, w = random_weight("Q4_K", 96, 4864, seed=8)
+    ids = torch.randperm(96, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(33, 4864, generator=torch.Generator().manual_seed(10))
+    exact, tol = rounded_product(x, w[ids])
+    with torch.backends.mkldnn.flags(enabled=matrix_units):
+        got = ggml_blocks.linear_bf16(x, blocks, ggml_blocks.TYPES["Q4_K"], ids)
+    assert_close(got, exact.float(), atol=tol, rtol=0, what="row ids")
+    tile = ggml_blocks.dequantize_bf16(blocks, ggml_blocks.TYPES["Q4_K"], 4864, 5, 9, ids)
+    assert torch.equal(tile, w[ids[5:9]].bfloat16())
+
+
+def test_no_rows_give_an_empty_product():
+    blocks, _ = random_weight("Q8_0", 8, 64)
+    got = ggml_blocks.linear_bf16(torch.empty(0, 64), blocks, ggml_blocks.TYPES["Q8_0"])
+    assert got.shape == (0, 8)
