@@ -138,8 +138,8 @@ QuantOption = typer.Option(
     envvar="MSA_QUANT",
     show_envvar=True,
     help="The weights' precision: int8 (per channel) or int4 (groups of 32), quantized on "
-    "load, or none (floating point). [default: as the file stores them: int4 for a GGUF "
-    "of Q4_1 weights such as the embedded model, else floating point]",
+    "load, or none (floating point). [default: as the file stores them: a GGUF's quantized "
+    "blocks kept (Q4_1, the embedded model's, as int4), floating point as floating point]",
 )
 DtypeOption = typer.Option(
     "auto",
