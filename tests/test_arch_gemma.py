@@ -125,7 +125,12 @@ def test_verbose_says_why_gemma2_attends_densely_and_decodes_per_op(gemma2):
     model.prepare_decode()
     tokenizer = SimpleNamespace(template=ChatTemplate(""))  # a base model's: no template
     loaded = SimpleNamespace(
-        name="tiny-gemma2", source="here", weights="fp32", model=model, tokenizer=tokenizer
+        name="tiny-gemma2",
+        source="here",
+        weights="fp32",
+        bf16_prefill=False,
+        model=model,
+        tokenizer=tokenizer,
     )
     line = _model_line(loaded, 0.1, 2, AttentionSettings(mode="msa"))
     assert f"attention dense ({SOFTCAP_DENSE}), top-k 8" in line
