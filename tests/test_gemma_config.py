@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arch_checks import VOCAB, randomize, reference_logits, save_hf_dir
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 
 from msa.models.architectures import config_class
 from msa.models.attention_settings import AttentionSettings
@@ -136,7 +136,7 @@ def test_a_multimodal_gemma3_checkpoint_runs_its_text_model(tmp_path):
     ids = list(range(3, 40))
     got = loaded.model(
         torch.tensor(ids),
-        loaded.model.new_cache(settings=AttentionSettings(mode="dense")),
+        loaded.model.new_cache(settings=exact_kv(AttentionSettings(mode="dense"))),
         all_logits=True,
     )
     assert_close(got, reference_logits(hf_model, ids), atol=1e-4, what="gemma3 text model")

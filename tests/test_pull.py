@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from arch_checks import randomize, reference_logits, save_hf_dir
-from conftest import assert_close
+from conftest import assert_close, exact_kv
 from hub_server import FakeHub, serve_hub
 from processes import LIMIT_S, start_msa, wait_until
 from typer.testing import CliRunner
@@ -96,7 +96,9 @@ def test_pull_fetches_only_what_msa_reads_and_the_model_loads(hub, tiny_repo):
 
     loaded = load_model(REPO)  # --model with the hub id
     ids = loaded.tokenizer.encode("hello world")
-    got = loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True)
+    got = loaded.model(
+        torch.tensor(ids), loaded.model.new_cache(settings=exact_kv()), all_logits=True
+    )
     assert_close(got, reference_logits(hf_model, ids), atol=1e-4, what="pulled model")
 
     doc = source.parent / "doc.txt"
@@ -236,7 +238,9 @@ def test_a_registry_name_pulls_lists_loads_and_is_removed(tiny_repo, monkeypatch
     loaded = load_model("smollm2-360m")
     ids = loaded.tokenizer.encode("hello")
     assert_close(
-        loaded.model(torch.tensor(ids), loaded.model.new_cache(), all_logits=True),
+        loaded.model(
+            torch.tensor(ids), loaded.model.new_cache(settings=exact_kv()), all_logits=True
+        ),
         reference_logits(tiny_repo[0], ids),
         atol=1e-4,
         what="registry name",

@@ -28,8 +28,8 @@ def _resolved(settings):
 def reference(q, q_start, keys, values, window, softcap):
     """Each query p over keys j with p - window < j <= p (window None: j <= p), logits
     q.k / sqrt(D), capped to softcap * tanh(x / softcap), softmax, GQA by repeating K/V."""
-    group = HQ // HKV
-    k, v = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    group = HQ // HKV  # over the K/V as stored (fp16 by default), in fp32
+    k, v = keys.float().repeat_interleave(group, 0), values.float().repeat_interleave(group, 0)
     logits = q @ k.mT / math.sqrt(D)  # [Hq, Tq, T]
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
