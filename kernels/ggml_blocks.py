@@ -3,9 +3,12 @@ straight from the file's memory map by the C++ kernels in csrc/ggml_blocks.{h,cp
 
 A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its GGML type and
 optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
-`linear` computes in fp32: a matvec from the blocks for one row of input (decode), fp32 tiles
-of dequantized rows times a GEMM for more (prefill). msa.models.gguf_blocks.dequantize_rows
-(gguf.quants, llama.cpp's reference) is the definition the kernels are tested against.
+`linear` computes for one row of input (decode) as llama.cpp does: the row quantized to int8
+(`quantize_input`), then per group of 32 the exact integer sum of the weights' q times its q,
+scaled in fp32 (AVX-512 VNNI or AVX-VNNI dot products where the CPU has them, else AVX2's);
+for more rows, in fp32: tiles of dequantized rows times a GEMM (prefill).
+msa.models.gguf_blocks.dequantize_rows (gguf.quants, llama.cpp's reference) and
+`quantize_input` are the definitions the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -41,3 +44,14 @@ def dequantize(
 ) -> torch.Tensor:
     """Rows first..last-1 of the weight, fp32 [last - first, n_cols]."""
     return compiled_extension().dequantize(blocks, ggml_type, row_ids, n_cols, first, last)
+
+
+def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How `linear` quantizes one row of input (csrc/ggml_input_q8.h; llama.cpp's Q8_0 with an
+    fp32 scale): x fp32 [K] -> (q int8 [K / 32, 32], d fp32 [K / 32, 1]), x ~ q * d, where per
+    group of 32 d = max |x| / 127 and q = round(x * (1 / d)), ties to even (0 for a group of
+    zeros)."""
+    groups = x.float().reshape(-1, 32)
+    d = groups.abs().amax(1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return torch.round(groups * inverse).to(torch.int8), d

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ggml_block_types.h"
+#include "ggml_input_q8.h"
 
 namespace ggml_blocks {
 
@@ -66,18 +67,21 @@ inline void unpack(int64_t type, const uint8_t* b, Unpacked& u) {
   }
 }
 
-inline float row_dot(int64_t type, const uint8_t* row, const float* x, const float* xs, int64_t k) {
+// One row (k weights) times the quantized input: per group of 32, the integer sums of weight
+// q times input q (exact, as the SIMD kernels compute them), scaled in fp32.
+inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t k) {
   const int64_t nv = block_values(type), bb = block_bytes(type), g = group_size(type);
   Unpacked u;
   float acc = 0.f;
   for (int64_t blk = 0; blk < k / nv; ++blk) {
     unpack(type, row + blk * bb, u);
-    const float* xb = x + blk * nv;
+    const int8_t* xq = x.q.data() + blk * nv;
     for (int64_t gi = 0; gi < nv / g; ++gi) {
-      float s = 0.f;
-      for (int64_t i = 0; i < g; ++i) s += static_cast<float>(u.q[gi * g + i]) * xb[gi * g + i];
-      acc += u.scale[gi] * s;
-      if (type == Q4_K) acc += u.min[gi] * xs[(blk * nv + gi * g) / 32];
+      int32_t s = 0;
+      for (int64_t i = 0; i < g; ++i) s += int32_t{u.q[gi * g + i]} * int32_t{xq[gi * g + i]};
+      const int64_t group32 = (blk * nv + gi * g) / 32;
+      acc += u.scale[gi] * x.d[group32] * static_cast<float>(s);
+      if (type == Q4_K) acc += u.min[gi] * x.dsum[group32];
     }
   }
   return acc;
