@@ -1,10 +1,11 @@
 """A Linear layer whose weights stay in a GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), mapped
 from the file: nothing converted or copied at load, every bit of the file's weights kept.
 
-The products run in fp32 on the C++ kernels of msa.kernels.ggml_blocks (a matvec from the
-blocks for one row, dequantized tiles times a GEMM for more), so the outputs are the exact
-weights' to fp32 rounding: no int8 rounding, no bf16 activations. Where the kernels cannot be
-built, the weights are dequantized by the reference (gguf.quants) at each call: slow, right.
+The products run on the C++ kernels of msa.kernels.ggml_blocks: for one row (decode) the input
+quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in integers; for
+more, dequantized tiles times an fp32 GEMM: the exact weights' to fp32 rounding. `exact` keeps
+one row in fp32 too (output heads). Where the kernels cannot be built, the weights are
+dequantized by the reference (gguf.quants) at each call: slow, fp32.
 
 State: `{module}.blocks` (uint8 [rows, bytes per row], a read-only view of the mapped file),
 `{module}.ggml_type` (the GGMLQuantizationType value, 0-d) and optionally `{module}.row_ids`
@@ -54,9 +55,17 @@ class GgmlLinear(nn.Module):
         self.type_id = int(self.ggml_type)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x, exact=False)
+
+    def exact(self, x: torch.Tensor) -> torch.Tensor:
+        """The product with an fp32 input for one row too (an output head: logits exact to the
+        file's weights, so that near ties fall the same way whichever path made x)."""
+        return self._product(x, exact=True)
+
+    def _product(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
         if ggml_blocks.compiled_extension() is not None:
-            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids)
+            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids, exact)
         else:
             out = F.linear(flat, self.rows(torch.arange(self.out_features)))
         if self.bias is not None:

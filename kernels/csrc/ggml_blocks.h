@@ -7,9 +7,10 @@
 // either written out as fp32 (`dequantize_rows`, for prefill: then a GEMM; the reference
 // dequantization's values, gguf.quants, llama.cpp's own, to fp32 rounding) or multiplied with
 // the input quantized to int8 (`matvec`, for decode, as llama.cpp computes it: the input in
-// groups of 32 with a scale each, ggml_input_q8.h): per group, the integer sum of q times the
-// input's q, exact (AVX-512 VNNI or AVX-VNNI dot products, AVX2's maddubs, or plain loops:
-// the same integers on every CPU), scaled in fp32, plus Q4_K's min times the group's sum.
+// its Q8_0 or Q8_K format, ggml_input_q8.h): per block, the integer sums of q times the
+// input's q, exact (AVX-512 VNNI or AVX-VNNI dot products, AVX2's maddubs, or plain loops: the
+// same integers on every CPU), scaled in fp32; Q4_K's mins times the input's sums. Output heads
+// may keep the fp32 input (`matvec_fp32`): logits exact to the weights.
 //
 // Header-only: decoder_step.cpp (the fused step) and ggml_blocks.cpp (the per-op kernels) both
 // compile it.
@@ -70,9 +71,18 @@ inline void dequantize_rows(int64_t type, const uint8_t* base, int64_t row_bytes
 inline void matvec(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids, int64_t n_rows,
                    int64_t k, const float* x, float* y) {
   InputQ8 xq;
-  quantize_input(x, k, xq);
+  quantize_input(type, x, k, xq);
   at::parallel_for(0, n_rows, 8, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) y[r] = row_dot(type, base + (row_ids ? row_ids[r] : r) * row_bytes, xq, k);
+  });
+}
+
+// The same in fp32, the exact weights times x (an output head's logits).
+inline void matvec_fp32(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids,
+                        int64_t n_rows, int64_t k, const float* x, float* y) {
+  at::parallel_for(0, n_rows, 8, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      y[r] = row_dot_fp32(type, base + (row_ids ? row_ids[r] : r) * row_bytes, x, k);
   });
 }
 

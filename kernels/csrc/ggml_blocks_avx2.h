@@ -32,9 +32,9 @@ GGML_INLINE void q4k_values(const uint8_t* b, int j, __m256i out[2]) {
   out[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 }
 
-// Q6_K: values 128n..128n+127 as int8 q - 32 (-32..31), 32 at a time.
+// Q6_K: values 128n..128n+127 as stored, q + 32 (0..63), 32 at a time.
 GGML_INLINE void q6k_values(const uint8_t* b, int n, __m256i out[4]) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n));
   const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n + 32));
   const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n));
@@ -43,7 +43,7 @@ GGML_INLINE void q6k_values(const uint8_t* b, int n, __m256i out[4]) {
                           _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
   for (int part = 0; part < 4; ++part) {
     const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3), 4);
-    out[part] = _mm256_sub_epi8(_mm256_or_si256(low[part], high), m32);
+    out[part] = _mm256_or_si256(low[part], high);
   }
 }
 
@@ -97,8 +97,8 @@ void dequantize_block_of(const uint8_t* b, float* y) {
       q6k_values(b, n, q);
       for (int part = 0; part < 4; ++part) {
         const int first = 128 * n + 32 * part;
-        store32(q[part], d * static_cast<float>(sc[first / 16]), d * static_cast<float>(sc[first / 16 + 1]), 0.f,
-                y + first);
+        store32(_mm256_sub_epi8(q[part], _mm256_set1_epi8(32)), d * static_cast<float>(sc[first / 16]),
+                d * static_cast<float>(sc[first / 16 + 1]), 0.f, y + first);
       }
     }
   } else if constexpr (type == Q5_0) {
@@ -115,6 +115,30 @@ inline void dequantize_block(int64_t type, const uint8_t* b, float* y) {
     case Q5_0: return dequantize_block_of<Q5_0>(b, y);
     default: return dequantize_block_of<Q8_0>(b, y);
   }
+}
+
+GGML_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ---- one row times an fp32 input, the exact weights (output heads) ----
+
+// Each block dequantized into a buffer (L1) and multiplied there: two FMA chains.
+inline float row_dot_fp32(int64_t type, const uint8_t* row, const float* x, int64_t k) {
+  const int64_t nv = block_values(type), bb = block_bytes(type);
+  alignas(32) float w[256];
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < k / nv; ++blk) {
+    dequantize_block(type, row + blk * bb, w);
+    for (int64_t i = 0; i < nv; i += 16) {
+      acc0 = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(x + blk * nv + i), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 8), _mm256_loadu_ps(x + blk * nv + i + 8), acc1);
+    }
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // ---- one row times a quantized input (decode's matvec) ----
@@ -138,65 +162,66 @@ GGML_INLINE __m256i dot4_signed(__m256i q, __m256i x) {
 
 GGML_INLINE __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-GGML_INLINE float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// One row (k weights) times the quantized input: per group of 32, the integer sums of weight
-// q times input q (exact), scaled by the weight's and the input's scales in fp32. Two
-// accumulators: two chains of dependent FMAs.
+// One row (k weights) times the quantized input (ggml_input_q8.h), llama.cpp's vec_dot
+// kernels: the integer sums of weight q times input q, exact, scaled in fp32 once a block of
+// 256 (Q4_K, Q6_K: their sub-block scales multiply in integers) or of 32 (Q5_0, Q8_0). Two
+// accumulators where the blocks are short: two chains of dependent FMAs.
 template <int64_t type>
 float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   const int8_t* xq = x.q.data();
   if constexpr (type == Q4_K) {
+    __m128 mins = _mm_setzero_ps();
     for (int64_t blk = 0; blk < k / 256; ++blk) {
       const uint8_t* b = row + blk * 144;
       const int8_t* xb = xq + blk * 256;
       const __m128i bytes = q4k_scales_mins(b);
-      alignas(32) float s[8];  // sub-block j's scale times the input's group j scale
-      const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(half_at(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
-      _mm256_store_ps(s, _mm256_mul_ps(sc, _mm256_loadu_ps(x.d.data() + blk * 8)));
-      const __m256 m8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(bytes, bytes)));
-      mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(half_at(b + 2)), m8),
-                             _mm256_loadu_ps(x.dsum.data() + blk * 8), mins);
+      // min j times the input's sum over sub-block j (its two sums of 16)
+      const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
+      const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums16), _mm256_extracti128_si256(sums16, 1));
+      const __m128i m = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(bytes, bytes)), sums32);
+      mins = _mm_fmadd_ps(_mm_set1_ps(half_at(b + 2) * x.d[blk]), _mm_cvtepi32_ps(m), mins);
+      alignas(16) int16_t sc[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(sc), _mm_cvtepu8_epi16(bytes));
+      __m256i sum = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {
         __m256i q[2];
         q4k_values(b, j, q);
-        const __m256i p0 = dot4(q[0], load32(xb + 64 * j)), p1 = dot4(q[1], load32(xb + 64 * j + 32));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(s + 2 * j), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(s + 2 * j + 1), acc1);
+        const __m256i p0 = _mm256_maddubs_epi16(q[0], load32(xb + 64 * j));
+        const __m256i p1 = _mm256_maddubs_epi16(q[1], load32(xb + 64 * j + 32));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
       }
+      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_at(b) * x.d[blk]), _mm256_cvtepi32_ps(sum), acc0);
     }
+    __m128 lanes = _mm_sub_ps(_mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1)), mins);
+    lanes = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
+    return _mm_cvtss_f32(_mm_add_ss(lanes, _mm_movehdup_ps(lanes)));
   } else if constexpr (type == Q6_K) {
-    // lanes 0-3 of a group of 32's sums are its first 16 values (one scale), 4-7 the next 16
-    const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    // per group of 32 values, its two 16s' scales as 8 int16 lanes each
+    __m128i pick[4];
+    for (int c = 0; c < 4; ++c)
+      pick[c] = _mm_or_si128(_mm_set1_epi8(static_cast<char>(2 * c)),
+                             _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     for (int64_t blk = 0; blk < k / 256; ++blk) {
       const uint8_t* b = row + blk * 210;
       const int8_t* xb = xq + blk * 256;
-      const __m256 d = _mm256_set1_ps(half_at(b + 208));
-      const __m256 dx = _mm256_loadu_ps(x.d.data() + blk * 8);
-      __m256 s[2];  // the 16 groups' scales times the input's scale of their group of 32
-      for (int n = 0; n < 2; ++n) {
-        const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * n));
-        const __m256 dx2 = _mm256_permutevar8x32_ps(dx, _mm256_add_epi32(_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
-                                                                          _mm256_set1_epi32(4 * n)));
-        s[n] = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))), dx2);
-      }
+      const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+      // the values are stored as q + 32 (0..63, unsigned for maddubs): minus 32 x the sums
+      const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
+      __m256i sum = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), sums16), 5);
+      sum = _mm256_sub_epi32(_mm256_setzero_si256(), sum);
       for (int n = 0; n < 2; ++n) {
         __m256i q[4];
         q6k_values(b, n, q);
-        for (int part = 0; part < 4; part += 2) {
-          const int8_t* xp = xb + 128 * n + 32 * part;
-          const __m256i p0 = dot4_signed(q[part], load32(xp)), p1 = dot4_signed(q[part + 1], load32(xp + 32));
-          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(s[n], pick[part]), acc0);
-          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(s[n], pick[part + 1]), acc1);
+        const __m128i sc8 = n == 0 ? scales : _mm_srli_si128(scales, 8);
+        for (int part = 0; part < 4; ++part) {
+          const __m256i p = _mm256_maddubs_epi16(q[part], load32(xb + 128 * n + 32 * part));
+          const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick[part]));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));
         }
       }
+      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_at(b + 208) * x.d[blk]), _mm256_cvtepi32_ps(sum), acc0);
     }
   } else {  // Q5_0, Q8_0: one group of 32 a block
     const int64_t bb = block_bytes(type);
@@ -219,7 +244,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
       acc0 = _mm256_fmadd_ps(p0, s0, acc0);
     }
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t k) {
