@@ -145,10 +145,11 @@ inline float row_dot_fp32(int64_t type, const uint8_t* row, const float* x, int6
 
 // Unsigned bytes u times signed bytes s, summed by 4 into int32 lanes: one VNNI instruction,
 // or maddubs (pairs into int16: no saturation here, |u| <= 128 and |s| <= 127) then madd.
+// The build's macros choose (g++ does not define __AVX512VNNI__ under `#pragma GCC target`).
 GGML_INLINE __m256i dot4(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(MSA_GGML_VNNI) && defined(MSA_GGML_AVX512)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
+#elif defined(MSA_GGML_VNNI)
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
