@@ -126,11 +126,30 @@ GGML_INLINE float hsum(__m256 v) {
 
 // ---- one row times an fp32 input, the exact weights (output heads) ----
 
-// Each block dequantized into a buffer (L1) and multiplied there: two FMA chains.
+// Q5_0 and Q8_0 (one scale a block: a tied head's embedding is often Q8_0) straight from their
+// int8 values; the others dequantized into a buffer (L1) and multiplied there. Two FMA chains.
 inline float row_dot_fp32(int64_t type, const uint8_t* row, const float* x, int64_t k) {
   const int64_t nv = block_values(type), bb = block_bytes(type);
   alignas(32) float w[256];
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  if (type == Q5_0 || type == Q8_0) {
+    for (int64_t blk = 0; blk < k / 32; ++blk) {
+      const uint8_t* b = row + blk * bb;
+      const __m256i q = type == Q5_0 ? q5_0_values(b) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      const float* xb = x + blk * 32;
+      __m256 p0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm256_loadu_ps(xb));
+      __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                                _mm256_loadu_ps(xb + 16));
+      const __m128i lo = _mm_unpackhi_epi64(_mm256_castsi256_si128(q), _mm256_castsi256_si128(q));
+      const __m128i hi = _mm_unpackhi_epi64(_mm256_extracti128_si256(q, 1), _mm256_extracti128_si256(q, 1));
+      p0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(xb + 8), p0);
+      p1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(xb + 24), p1);
+      const __m256 d = _mm256_set1_ps(half_at(b));
+      acc0 = _mm256_fmadd_ps(d, p0, acc0);
+      acc1 = _mm256_fmadd_ps(d, p1, acc1);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+  }
   for (int64_t blk = 0; blk < k / nv; ++blk) {
     dequantize_block(type, row + blk * bb, w);
     for (int64_t i = 0; i < nv; i += 16) {
