@@ -21,7 +21,8 @@ linear is a spec `(kind, a, b, group)`: `(FP32, weight [N, K], empty, 0)`,
 `(INT8, int8 weight [N, K], bf16 scales [N], 0)` or `(INT4, packed, bf16 scales_zeros, group
 size)` in the layouts of PyTorch's CPU kernels `_weight_int8pack_mm` and
 `_weight_int4pack_mm_for_cpu`, whose activations are bf16, or `(GGML, blocks, row ids, GGML
-type)`: a GGUF's own blocks (ggml_blocks.py), multiplied in fp32; a fifth element, an fp32
+type)`: a GGUF's own blocks (ggml_blocks.py), times x quantized to int8 as llama.cpp does (the
+per-op kernels' own matvec); a fifth element, an fp32
 bias [N] (empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as
 one spec each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats,
 as a GGUF Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`,

@@ -8,6 +8,15 @@ of dequantized rows times a GEMM for more (prefill). `linear_bf16` is prefill's 
 where the CPU multiplies bf16 in its matrix units (`bf16_matrix_units()`: AMX): bf16 tiles of the
 weights times bf16-rounded inputs, summed in fp32. msa.models.gguf_blocks.dequantize_rows
 (gguf.quants, llama.cpp's reference) is the definition the kernels are tested against.
+
+
+`linear` computes for one row of input (decode) as llama.cpp does: the row quantized to int8
+(`quantize_input`, llama.cpp's Q8_0 or Q8_K), then per block the exact integer sums of the
+weights' q times its q, scaled in fp32 (AVX-512 VNNI or AVX-VNNI dot products where the CPU has
+them, else AVX2's), or in fp32 where asked (`exact`: output heads);
+for more rows, in fp32: tiles of dequantized rows times a GEMM (prefill).
+msa.models.gguf_blocks.dequantize_rows (gguf.quants, llama.cpp's reference) and
+`quantize_input` are the definitions the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -33,9 +42,12 @@ def build_error() -> str | None:
     return _EXTENSION.error
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=NO_ROW_IDS):
-    """x [M, K] fp32 contiguous -> x W^T [M, N] fp32."""
-    return compiled_extension().linear(x, blocks, ggml_type, row_ids)
+def linear(
+    x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=NO_ROW_IDS, exact: bool = False
+):
+    """x [M, K] fp32 contiguous -> x W^T [M, N] fp32; `exact`: one row in fp32 too (an output
+    head's logits, exact to the weights), not quantized."""
+    return compiled_extension().linear(x, blocks, ggml_type, row_ids, exact)
 
 
 def dequantize(
@@ -63,3 +75,23 @@ def bf16_matrix_units() -> bool:
     elsewhere it is right but no faster than `linear`. False where the kernels cannot be built."""
     ext = compiled_extension()
     return ext is not None and ext.bf16_matrix_units()
+
+
+def quantize_input(x: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How `linear` quantizes one row of input for weights of `ggml_type` (csrc/ggml_input_q8.h,
+    llama.cpp's quantize_row_q8_0 and quantize_row_q8_K_ref): x fp32 [K] -> (q int8 [K / n, n],
+    d fp32 [K / n, 1]) with x ~ q * d. Q5_0, Q8_0 weights: n = 32, d = max |x| / 127 rounded to
+    fp16, q = round(x * (127 / max |x|)). Q4_K, Q6_K: n = 256; with m the first value of
+    largest |x|, q = min(127, round(x * (-127 / m))), d = 1 / (-127 / m). Ties to even; a
+    block of zeros is d = 0, q = 0."""
+    if ggml_type in (TYPES["Q5_0"], TYPES["Q8_0"]):
+        groups = x.float().reshape(-1, 32)
+        amax = groups.abs().amax(1, keepdim=True)
+        inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+        d = (amax / 127).half().float()
+        return torch.round(groups * inverse).to(torch.int8), d
+    groups = x.float().reshape(-1, 256)
+    m = groups.gather(1, groups.abs().argmax(1, keepdim=True))  # the first of largest |x|
+    iscale = torch.where(m != 0, -127 / m, torch.zeros_like(m))
+    q = torch.round(groups * iscale).clamp(max=127).to(torch.int8)
+    return q, torch.where(m != 0, 1 / iscale, torch.zeros_like(m))

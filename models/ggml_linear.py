@@ -1,13 +1,14 @@
 """A Linear layer whose weights stay in a GGUF's own blocks (Q4_K, Q6_K, Q5_0, Q8_0), mapped
 from the file: nothing converted or copied at load, every bit of the file's weights kept.
 
-The products run in fp32 on the C++ kernels of msa.kernels.ggml_blocks (a matvec from the
-blocks for one row, dequantized tiles times a GEMM for more), so the outputs are the exact
-weights' to fp32 rounding: no int8 rounding, no bf16 activations. The one exception is chosen
-by the loader (`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX): then
-products of more than one row (prefill) multiply bf16 tiles of the weights with bf16-rounded
-inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster. Where the kernels cannot be
-built, the weights are dequantized by the reference (gguf.quants) at each call: slow, right.
+The products run on the C++ kernels of msa.kernels.ggml_blocks: for one row (decode) the input
+quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in integers
+(`exact` keeps one row in fp32: output heads); for more rows, dequantized tiles times an fp32
+GEMM, the exact weights' to fp32 rounding. The one exception is chosen by the loader
+(`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX): then products of
+more than one row (prefill) multiply bf16 tiles of the weights with bf16-rounded inputs, summed
+in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster. Where the kernels cannot be built, the
+weights are dequantized by the reference (gguf.quants) at each call: slow, fp32.
 
 State: `{module}.blocks` (uint8 [rows, bytes per row], a read-only view of the mapped file),
 `{module}.ggml_type` (the GGMLQuantizationType value, 0-d) and optionally `{module}.row_ids`
@@ -58,13 +59,21 @@ class GgmlLinear(nn.Module):
         self.type_id = int(self.ggml_type)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x, exact=False)
+
+    def exact(self, x: torch.Tensor) -> torch.Tensor:
+        """The product with an fp32 input for one row too (an output head: logits exact to the
+        file's weights, so that near ties fall the same way whichever path made x)."""
+        return self._product(x, exact=True)
+
+    def _product(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
         if ggml_blocks.compiled_extension() is None:
             out = F.linear(flat, self.rows(torch.arange(self.out_features)))
-        elif self.prefill_bf16 and flat.shape[0] > 1:
+        elif self.prefill_bf16 and flat.shape[0] > 1 and not exact:
             out = ggml_blocks.linear_bf16(flat, self.blocks, self.type_id, self.row_ids)
         else:
-            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids)
+            out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids, exact)
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)

@@ -219,7 +219,7 @@ class Transformer(nn.Module):
         h = self.norm(x)
         head = self.lm_head
         if isinstance(head, GgmlLinear):  # the file's exact weights, in fp32 whatever the dtype
-            return head(h.float())
+            return head.exact(h.float())
         logits = head(h)
         if isinstance(head, Int4Linear) or (
             isinstance(head, nn.Linear) and head.weight.dtype == torch.float32

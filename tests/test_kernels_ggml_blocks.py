@@ -1,8 +1,12 @@
 """The C++ kernels over GGUF blocks (msa.kernels.ggml_blocks) against the reference
 dequantization (gguf.quants through msa.models.gguf_blocks.dequantize_rows, llama.cpp's own):
-random valid blocks of every type they read, dequantized to fp32 rounding; products with one
-row (the decode matvec) and with many (dequantized tiles times a GEMM) against the reference
-weights times the input in fp64; output rows picked by row ids (llama.cpp's q/k order)."""
+random valid blocks of every type they read, dequantized to fp32 rounding; products with many
+rows (dequantized tiles times a GEMM) against the reference weights times the input in fp64;
+with one row (the decode matvec, the input quantized to int8 as llama.cpp does) against the
+reference weights times the input quantized in PyTorch (`quantize_input`), in fp64: the
+integer sums are exact, so only fp32 rounding differs (in fp32 against the fp32 input where
+`exact`, as output heads ask); output rows picked by row ids
+(llama.cpp's q/k order)."""
 
 from __future__ import annotations
 
@@ -45,13 +49,63 @@ def test_dequantized_rows_equal_the_reference(qtype):
     assert_close(got, expected[5:41], atol=0, rtol=2e-7, what=qtype)
 
 
+def quantized(x: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x [1, K] as the one-row product reads it: its int8 values times their scales."""
+    q, d = ggml_blocks.quantize_input(x[0], ggml_blocks.TYPES[qtype])
+    return (q.double() * d.double()).reshape(1, -1)
+
+
+def one_row_input(k: int, seed: int) -> torch.Tensor:
+    """Random x [1, k] whose first 256 values hold ties: with largest |x| 127 (the first of
+    them negative, for blocks of 256) the scale is 1 and x / d are halves, which round to even
+    (round-half-away would differ)."""
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed))
+    x[0, :256] = (torch.arange(256) % 32) - 15.5
+    x[0, 31] = -127
+    x[0, 63] = 127
+    return x
+
+
 @pytest.mark.parametrize("qtype", TYPES)
-def test_one_row_product_is_the_reference_product(qtype):
+def test_one_row_product_is_the_product_with_the_int8_input(qtype):
+    blocks, w = random_weight(qtype, 40, 1024, seed=1)
+    x = one_row_input(1024, seed=0)
+    exact, tol = fp64_product(quantized(x, qtype), w)
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype])
+    assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_exact_one_row_product_is_the_reference_product(qtype):
+    """`exact` (output heads): one row in fp32, the reference weights times x."""
     blocks, w = random_weight(qtype, 40, 1024, seed=1)
     x = torch.randn(1, 1024, generator=torch.Generator().manual_seed(0))
     exact, tol = fp64_product(x, w)
-    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype])
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype], exact=True)
     assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+def test_input_quantization_rounds_ties_to_even_and_keeps_zeros():
+    x = torch.zeros(512)
+    x[:32] = torch.arange(32) - 15.5
+    x[31], x[40] = 127, -127
+    q, d = ggml_blocks.quantize_input(x, ggml_blocks.TYPES["Q8_0"])
+    assert d[:2, 0].tolist() == [1.0, 1.0] and not d[2:].any() and not q[2:].any()
+    assert q[0, :4].tolist() == [-16, -14, -14, -12] and q[1, 8] == -127
+    q, d = ggml_blocks.quantize_input(x, ggml_blocks.TYPES["Q4_K"])
+    assert d[:, 0].tolist() == [-1.0, 0.0] and not q[1].any()  # the first largest is +127
+    assert q[0, :4].tolist() == [16, 14, 14, 12] and q[0, 31] == -127 and q[0, 40] == 127
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_int8_input_error_is_small(qtype):
+    """llama.cpp's scheme: an int8 input moves the products of random data by well under 1%."""
+    blocks, w = random_weight(qtype, 256, 2048, seed=4)
+    x = torch.randn(1, 2048, generator=torch.Generator().manual_seed(5))
+    exact, _ = fp64_product(x, w)
+    got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype]).double()
+    error = ((got - exact).norm() / exact.norm()).item()
+    assert error < 1e-2, f"{qtype}: relative error {error:.2e}"
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -69,7 +123,7 @@ def test_row_ids_pick_the_output_rows(rows):
     blocks, w = random_weight("Q4_K", 32, 512, seed=3)
     ids = torch.randperm(32, generator=torch.Generator().manual_seed(2))
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(3))
-    exact, tol = fp64_product(x, w[ids])
+    exact, tol = fp64_product(quantized(x, "Q4_K") if rows == 1 else x, w[ids])
     got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES["Q4_K"], ids)
     assert_close(got, exact.float(), atol=tol, rtol=0, what="row ids")
     tile = ggml_blocks.dequantize(blocks, ggml_blocks.TYPES["Q4_K"], 512, 3, 9, ids)

@@ -39,7 +39,7 @@ struct Linear {
   int64_t in = 0, out = 0;
 
   // y[0..out) = W x[0..in) (+ bias, in fp32 as the per-op modules add it); the int kernels
-  // take bf16 activations and give bf16 back; GGUF blocks multiply in fp32.
+  // take bf16 activations and give bf16 back; GGUF blocks take x quantized to int8 (ggml_blocks.h).
   void apply(const float* x, float* y) const {
     if (kind == GGML) {
       const int64_t row_bytes = in / ggml_blocks::block_values(group) * ggml_blocks::block_bytes(group);

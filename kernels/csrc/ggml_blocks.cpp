@@ -43,17 +43,18 @@ at::Tensor dequantize(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64
   return out;
 }
 
-// x [M, k] fp32 -> x W^T [M, N] fp32: a matvec for one row, else row tiles of W dequantized to
-// fp32 (about 16 MB each: smaller ones made the GEMMs several times slower, measured) and
-// multiplied by a GEMM.
-at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
+// x [M, k] fp32 -> x W^T [M, N] fp32: a matvec for one row (x quantized to int8, or in fp32
+// where `exact`), else row tiles of W dequantized to fp32 (about 16 MB each: smaller ones made
+// the GEMMs several times slower, measured) and multiplied by a GEMM.
+at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids, bool exact) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K]");
   const Rows w = rows_of(blocks, type, row_ids, x.size(1));
   const int64_t m = x.size(0);
   if (m <= 1) {
     at::Tensor y = at::empty({m, w.n}, at::kFloat);
     if (m == 1)
-      ggml_blocks::matvec(type, w.base, w.row_bytes, w.ids, w.n, w.k, x.data_ptr<float>(), y.data_ptr<float>());
+      (exact ? ggml_blocks::matvec_fp32 : ggml_blocks::matvec)(type, w.base, w.row_bytes, w.ids, w.n, w.k,
+                                                               x.data_ptr<float>(), y.data_ptr<float>());
     return y;
   }
   at::Tensor yt = at::empty({w.n, m}, at::kFloat);  // rows of W by rows: tiles write whole rows

@@ -3,16 +3,20 @@
 //
 // Every one of these types is, per group of 16 or 32 weights, `w = scale * q + min` with small
 // integers q (Q4_K: 0..15, min -dmin * m; Q6_K: -32..31, Q5_0: -16..15, Q8_0: int8, min 0). A
-// block is unpacked into int8 q and its groups' scale and min (byte operations the compiler
-// vectorizes), then either written out as fp32 (`dequantize_rows`, for prefill: then a GEMM) or
-// multiplied with fp32 activations (`matvec`, for decode): per group, scale * sum(q x) +
-// min * sum(x), with sum(x) per group computed once per input. The values are the reference
-// dequantization's (gguf.quants, llama.cpp's own) to fp32 rounding.
+// block is unpacked into int8 q and its groups' scale and min (a few vector operations), then
+// either written out as fp32 (`dequantize_rows`, for prefill: then a GEMM; the reference
+// dequantization's values, gguf.quants, llama.cpp's own, to fp32 rounding) or multiplied with
+// the input quantized to int8 (`matvec`, for decode, as llama.cpp computes it: the input in
+// its Q8_0 or Q8_K format, ggml_input_q8.h): per block, the integer sums of q times the
+// input's q, exact (AVX-512 VNNI or AVX-VNNI dot products, AVX2's maddubs, or plain loops: the
+// same integers on every CPU), scaled in fp32; Q4_K's mins times the input's sums. Output heads
+// may keep the fp32 input (`matvec_fp32`): logits exact to the weights.
 //
 // Header-only: decoder_step.cpp (the fused step) and ggml_blocks.cpp (the per-op kernels) both
 // compile it.
-// Split by job: ggml_block_types.h (types and sizes), ggml_blocks_avx2.h (the SIMD kernels) or
-// ggml_blocks_portable.h (the same without intrinsics), and here the row loops over threads.
+// Split by job: ggml_block_types.h (types and sizes), ggml_input_q8.h (the input in int8),
+// ggml_blocks_avx2.h (the SIMD kernels) or ggml_blocks_portable.h (the same without
+// intrinsics), and here the row loops over threads.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -27,11 +31,18 @@
 
 #include "ggml_block_types.h"
 
-// With MSA_GGML_AVX512 defined (the build's choice where the CPU has AVX-512 F/BW/VL), these
-// kernels alone are compiled for it: the code that includes them keeps its own flags.
-#ifdef MSA_GGML_AVX512
+// With MSA_GGML_AVX512 and/or MSA_GGML_VNNI defined (the build's choice, cpp_build.py, from
+// what the CPU has), these kernels alone are compiled for them: the code that includes them
+// keeps its own flags.
+#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#elif defined(MSA_GGML_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
+#elif defined(MSA_GGML_VNNI)
+#pragma GCC push_options
+#pragma GCC target("avxvnni")
 #endif
 
 #ifdef __AVX2__
@@ -41,17 +52,6 @@
 #endif
 
 namespace ggml_blocks {
-
-// The sum of x over each group of 32: [k / 32] (Q4_K's mins multiply them).
-inline std::vector<float> sums32(const float* x, int64_t k) {
-  std::vector<float> s(static_cast<size_t>(k / 32));
-  for (int64_t i = 0; i < k / 32; ++i) {
-    float t = 0.f;
-    for (int64_t j = 0; j < 32; ++j) t += x[i * 32 + j];
-    s[i] = t;
-  }
-  return s;
-}
 
 // fp32 values of `n_rows` rows of `k` weights; row r is at base + row_ids[r] * row_bytes
 // (row_ids null: r itself). out [n_rows, k].
@@ -66,18 +66,28 @@ inline void dequantize_rows(int64_t type, const uint8_t* base, int64_t row_bytes
   });
 }
 
-// y [n_rows] = W x for `n_rows` rows of `k` weights laid out as in dequantize_rows.
+// y [n_rows] = W x for `n_rows` rows of `k` weights laid out as in dequantize_rows, with x
+// quantized to int8 first (ggml_input_q8.h), as llama.cpp computes a matvec.
 inline void matvec(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids, int64_t n_rows,
                    int64_t k, const float* x, float* y) {
-  const std::vector<float> xs = sums32(x, k);
+  InputQ8 xq;
+  quantize_input(type, x, k, xq);
+  at::parallel_for(0, n_rows, 8, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) y[r] = row_dot(type, base + (row_ids ? row_ids[r] : r) * row_bytes, xq, k);
+  });
+}
+
+// The same in fp32, the exact weights times x (an output head's logits).
+inline void matvec_fp32(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids,
+                        int64_t n_rows, int64_t k, const float* x, float* y) {
   at::parallel_for(0, n_rows, 8, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r)
-      y[r] = row_dot(type, base + (row_ids ? row_ids[r] : r) * row_bytes, x, xs.data(), k);
+      y[r] = row_dot_fp32(type, base + (row_ids ? row_ids[r] : r) * row_bytes, x, k);
   });
 }
 
 }  // namespace ggml_blocks
 
-#ifdef MSA_GGML_AVX512
+#if defined(MSA_GGML_AVX512) || defined(MSA_GGML_VNNI)
 #pragma GCC pop_options
 #endif

@@ -3,14 +3,17 @@
 #pragma once
 
 #include "ggml_block_types.h"
+#include "ggml_input_q8.h"
 
 namespace ggml_blocks {
 
-// One block: q [values], and per group its scale and min (min only for Q4_K; 0 elsewhere).
+// One block: q [values], and per group its scale and min (min only for Q4_K; 0 elsewhere):
+// d * sc and -(dmin * m), with the integers sc and m kept for the products.
 struct Unpacked {
   alignas(64) int8_t q[256];
   float scale[16];
   float min[16];
+  int32_t sc[16], m[16];
 };
 
 inline void unpack(int64_t type, const uint8_t* b, Unpacked& u) {
@@ -22,6 +25,8 @@ inline void unpack(int64_t type, const uint8_t* b, Unpacked& u) {
       const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
       u.scale[j] = d * static_cast<float>(sc);
       u.min[j] = -(dmin * static_cast<float>(m));
+      u.sc[j] = sc;
+      u.m[j] = m;
     }
     const uint8_t* qs = b + 16;
     for (int j = 0; j < 4; ++j)  // 32 bytes: sub-block 2j in the low nibbles, 2j+1 high
@@ -37,6 +42,7 @@ inline void unpack(int64_t type, const uint8_t* b, Unpacked& u) {
     for (int g = 0; g < 16; ++g) {
       u.scale[g] = d * static_cast<float>(sc[g]);
       u.min[g] = 0.f;
+      u.sc[g] = sc[g];
     }
     for (int n = 0; n < 2; ++n) {
       const uint8_t* l8 = ql + 64 * n;
@@ -66,19 +72,32 @@ inline void unpack(int64_t type, const uint8_t* b, Unpacked& u) {
   }
 }
 
-inline float row_dot(int64_t type, const uint8_t* row, const float* x, const float* xs, int64_t k) {
+// One row (k weights) times the quantized input (ggml_input_q8.h): the same integer sums as
+// the SIMD kernels, scaled in fp32 once a block.
+inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t k) {
   const int64_t nv = block_values(type), bb = block_bytes(type), g = group_size(type);
   Unpacked u;
   float acc = 0.f;
   for (int64_t blk = 0; blk < k / nv; ++blk) {
     unpack(type, row + blk * bb, u);
-    const float* xb = x + blk * nv;
-    for (int64_t gi = 0; gi < nv / g; ++gi) {
-      float s = 0.f;
-      for (int64_t i = 0; i < g; ++i) s += static_cast<float>(u.q[gi * g + i]) * xb[gi * g + i];
-      acc += u.scale[gi] * s;
-      if (type == Q4_K) acc += u.min[gi] * xs[(blk * nv + gi * g) / 32];
+    const int8_t* xq = x.q.data() + blk * nv;
+    if (type == Q5_0 || type == Q8_0) {
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) s += int32_t{u.q[i]} * int32_t{xq[i]};
+      acc += u.scale[0] * x.d[blk] * static_cast<float>(s);
+      continue;
     }
+    int32_t sum = 0, mins = 0;  // Q4_K, Q6_K: sub-block scales (and Q4_K's mins) in integers
+    for (int64_t gi = 0; gi < nv / g; ++gi) {
+      int32_t s = 0;
+      for (int64_t i = 0; i < g; ++i) s += int32_t{u.q[gi * g + i]} * int32_t{xq[gi * g + i]};
+      sum += u.sc[gi] * s;
+      if (type == Q4_K) mins += u.m[gi] * (x.sums[blk * 16 + 2 * gi] + x.sums[blk * 16 + 2 * gi + 1]);
+    }
+    const uint8_t* b = row + blk * bb;
+    acc += type == Q4_K ? half_at(b) * x.d[blk] * static_cast<float>(sum) -
+                              half_at(b + 2) * x.d[blk] * static_cast<float>(mins)
+                        : half_at(b + 208) * x.d[blk] * static_cast<float>(sum);
   }
   return acc;
 }
@@ -88,6 +107,17 @@ inline void dequantize_block(int64_t type, const uint8_t* b, float* y) {
   unpack(type, b, u);
   const int64_t g = group_size(type);
   for (int64_t i = 0; i < block_values(type); ++i) y[i] = u.scale[i / g] * static_cast<float>(u.q[i]) + u.min[i / g];
+}
+
+// One row times an fp32 input, the exact weights (output heads).
+inline float row_dot_fp32(int64_t type, const uint8_t* row, const float* x, int64_t k) {
+  const int64_t nv = block_values(type), bb = block_bytes(type);
+  float w[256], acc = 0.f;
+  for (int64_t blk = 0; blk < k / nv; ++blk) {
+    dequantize_block(type, row + blk * bb, w);
+    for (int64_t i = 0; i < nv; ++i) acc += w[i] * x[blk * nv + i];
+  }
+  return acc;
 }
 
 }  // namespace ggml_blocks
