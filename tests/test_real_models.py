@@ -57,7 +57,11 @@ def test_it_answers_on_the_sample_document(real):
 
 @pytest.mark.skipif(not available(), reason="llama-cpp-python is not installed")
 def test_the_first_32_greedy_tokens_equal_llamacpp(real):
+    """Under the default (exact fp32 prefill); bf16 prefill (auto) parts from llama.cpp at the
+    first near tie (README, Quantized weights): test_real_bf16_prefill.py bounds it instead."""
     path, model = real
+    if model.loaded.bf16_prefill:
+        pytest.skip("bf16 prefill: greedy tokens follow llama.cpp's only to the first near tie")
     loaded = model.loaded
     prompt = build_prompt(loaded.tokenizer, DOCUMENT.read_text(), QUESTION)
     cache = loaded.model.new_cache(settings=AttentionSettings(mode="dense"))

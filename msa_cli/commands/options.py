@@ -142,13 +142,13 @@ QuantOption = typer.Option(
     "blocks kept (Q4_1, the embedded model's, as int4), floating point as floating point]",
 )
 DtypeOption = typer.Option(
-    "auto",
+    "fp32",
     "--dtype",
     envvar="MSA_DTYPE",
     show_envvar=True,
-    help="Compute dtype: auto (fp32, but a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 weights prefill on bf16 "
-    "tiles where the CPU has AMX: 2-4x faster products, inputs rounded to bf16), fp32 (exact "
-    "fp32 everywhere), or bf16 (fast only on CPUs with bf16 units).",
+    help="Compute dtype: fp32 (the default: exact fp32 products), auto (fp32, but a GGUF's "
+    "Q4_K/Q6_K/Q5_0/Q8_0 weights prefill on bf16 tiles where the CPU has AMX: 2-4x faster "
+    "products, inputs rounded to bf16), or bf16 (fast only on CPUs with bf16 units).",
 )
 HiddenOption = typer.Option(
     False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
