@@ -68,10 +68,8 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"]
-)
-def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
+def count_kernel_steps(monkeypatch) -> list[int]:
+    """The positions the fused kernel's step ran at, appended as it runs."""
     runs = []
     kernel_step = decoder_step.DecoderStep.step
     monkeypatch.setattr(
@@ -79,6 +77,14 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
         "step",
         lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
     )
+    return runs
+
+
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"]
+)
+def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
+    runs = count_kernel_steps(monkeypatch)
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
     assert runs == list(range(150, 190))  # the fused forwards ran the kernel, the others did not
     # Both paths compute the same products (fp32, or the same int4 weights dequantized the same
@@ -113,13 +119,7 @@ STORED_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}
 def test_fused_steps_read_and_write_16_bit_and_int8_kv(model, kv_dtype, monkeypatch):
     """fp16 and bf16 stores, and int8 K/V, are read and written by the fused step itself (no
     fallback to the per-op path), dense and MSA steps alike, as the per-op path stores them."""
-    runs = []
-    kernel_step = decoder_step.DecoderStep.step
-    monkeypatch.setattr(
-        decoder_step.DecoderStep,
-        "step",
-        lambda self, *args, **kwargs: runs.append(args[3]) or kernel_step(self, *args, **kwargs),
-    )
+    runs = count_kernel_steps(monkeypatch)
     settings = AttentionSettings(
         mode="auto", dense_tokens=160, topk=2, selection_layer=0, kv_dtype=kv_dtype
     )
