@@ -53,6 +53,17 @@ def test_idle_time_is_read_for_the_allowed_cores_only(tmp_path):
     assert ic.snapshot({0, 2}, str(stat)).idle_s == pytest.approx((100 + 7 + 400 + 13) / hz)
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)],
+)
+def test_a_containers_cpu_quota_caps_the_cores(tmp_path, text, expected):
+    path = tmp_path / "cpu.max"
+    path.write_text(text)
+    assert ic.cpu_quota(str(path)) == expected
+    assert ic.cpu_quota(str(tmp_path / "none")) is None
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -60,6 +71,10 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
+@pytest.mark.skipif(
+    ic.cpu_quota() is not None or len(ic.cores()) > 16,
+    reason="one spinning process per core: a machine of at most 16 cores, no CPU quota",
+)
 def test_one_thread_when_other_work_fills_every_core():
     spin = "import sys; print('spinning', flush=True)\nwhile True: pass"
     hogs = []

@@ -5,10 +5,10 @@ than one: each parallel region (hundreds per token) waits for the thread the sch
 behind the other work. Measured on 2 cores at load 7: a 1K-token `msa eval ruler` item took
 83-160 s with 2 threads and 15.9 s with 1. So by default msa runs as many threads as there are
 cores not busy with other work: from /proc/stat, the idle time of the cores this process may
-run on, plus this process's own CPU time (its own work is not other work), over the window
-since the last measure or, the first time, since this module was imported (`msa`'s start:
-importing PyTorch gives a second of it), at least `MIN_WINDOW_S`. Without /proc/stat (not
-Linux), every core counts as free.
+run on (no more than a container's CPU quota allows), plus this process's own CPU time (its
+own work is not other work), over the window since the last measure or, the first time, since
+this module was imported (`msa`'s start: importing PyTorch gives a second of it), at least
+`MIN_WINDOW_S`. Without /proc/stat (not Linux), every core counts as free.
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ def cores() -> set[int]:
         return os.sched_getaffinity(0)
     except AttributeError:
         return set(range(os.cpu_count() or 1))
+
+
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The cores a cgroup v2 CPU quota allows (a container started with --cpus=2: 2), rounded
+    up; None without one."""
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, -(-int(quota) // int(period)))
 
 
 @dataclass(frozen=True)
@@ -78,5 +91,6 @@ def idle_cores() -> int:
         time.sleep(MIN_WINDOW_S - waited)
     allowed = cores()
     now = snapshot(allowed)
-    n, _last = free_cores(_last, now, len(allowed)), now
+    # a CPU quota's cores are not idle for us however idle the machine's are
+    n, _last = free_cores(_last, now, min(len(allowed), cpu_quota() or len(allowed))), now
     return n
