@@ -55,7 +55,13 @@ def test_idle_time_is_read_for_the_allowed_cores_only(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)],
+    [
+        ("200000 100000\n", 2),
+        ("150000 100000\n", 2),
+        ("50000 100000\n", 1),
+        ("max 100000\n", None),
+        ("x 0\n", None),
+    ],
 )
 def test_a_containers_cpu_quota_caps_the_cores(tmp_path, text, expected):
     path = tmp_path / "cpu.max"

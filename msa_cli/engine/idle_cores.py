@@ -37,11 +37,9 @@ def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
     try:
         with open(path) as f:
             quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 file, or not as documented
         return None
-    if quota == "max":
-        return None
-    return max(1, -(-int(quota) // int(period)))
 
 
 @dataclass(frozen=True)
