@@ -3,20 +3,15 @@ straight from the file's memory map by the C++ kernels in csrc/ggml_blocks.{h,cp
 
 A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its GGML type and
 optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
-`linear` computes in fp32: a matvec from the blocks for one row of input (decode), fp32 tiles
-of dequantized rows times a GEMM for more (prefill). `linear_bf16` is prefill's faster choice
-where the CPU multiplies bf16 in its matrix units (`bf16_matrix_units()`: AMX): bf16 tiles of the
-weights times bf16-rounded inputs, summed in fp32. msa.models.gguf_blocks.dequantize_rows
-(gguf.quants, llama.cpp's reference) is the definition the kernels are tested against.
-
-
-`linear` computes for one row of input (decode) as llama.cpp does: the row quantized to int8
+`linear` computes one row of input (decode) as llama.cpp does: the row quantized to int8
 (`quantize_input`, llama.cpp's Q8_0 or Q8_K), then per block the exact integer sums of the
 weights' q times its q, scaled in fp32 (AVX-512 VNNI or AVX-VNNI dot products where the CPU has
-them, else AVX2's), or in fp32 where asked (`exact`: output heads);
-for more rows, in fp32: tiles of dequantized rows times a GEMM (prefill).
-msa.models.gguf_blocks.dequantize_rows (gguf.quants, llama.cpp's reference) and
-`quantize_input` are the definitions the kernels are tested against.
+them, else AVX2's), or in fp32 where asked (`exact`: output heads); more rows (prefill) in
+fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster choice where
+the CPU multiplies bf16 in its matrix units (`bf16_matrix_units()`: AMX): bf16 tiles of the
+weights times bf16-rounded inputs, summed in fp32. msa.models.gguf_blocks.dequantize_rows
+(gguf.quants, llama.cpp's reference) and `quantize_input` are the definitions the kernels are
+tested against.
 """
 
 from __future__ import annotations
