@@ -1,8 +1,8 @@
 """The fused decode step on Gemma 2, Gemma 3 and a Mistral with a sliding window, against the
 per-op path (`forward(..., fused=False)`), tiny random models: local layers reading their
 window (positions inside it and past it), Gemma 3's two RoPE bases (the global one linearly
-scaled), Gemma 2's soft-capped logits, MSA on the global layers; fp32 and int4 weights, fp32
-and fp16 K/V; restored prefix-cache blocks a local layer never reads stay unread."""
+scaled), Gemma 2's soft-capped logits, MSA on the global layers; fp32 and int4 weights; fp32,
+fp16 and int8 K/V; restored prefix-cache blocks a local layer never reads stay unread."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from msa.models.family_configs import MistralConfig
 from msa.models.fuse import fuse_projections
 from msa.models.gemma import Gemma2, Gemma3
 from msa.models.gemma_config import GLOBAL, LOCAL, Gemma2Config, Gemma3Config
+from msa.models.kv_int8 import requantize_rows
 from msa.models.llama import Transformer
 from msa.models.quantize import quantize_model
 
@@ -121,21 +122,33 @@ def test_fused_steps_match_the_per_op_path(model, settings, span, monkeypatch):
             )
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int8"])
 @pytest.mark.parametrize("settings", ["dense", "msa"])
-def test_default_fp16_kv(model, settings, monkeypatch):
-    """fp16 K/V (the default): the same stored values but where float rounding puts a value on
-    either side of an fp16 rounding boundary (one step, plus the fp32 paths' own difference,
-    which is several steps of a value near 0: measured 1.9e-6 at 9e-4), and logits within what
-    such a step moves."""
+def test_fp16_and_int8_kv(model, settings, kv_dtype, monkeypatch):
+    """fp16 K/V (the default) and int8 K/V: the same stored values (int8: codes) but where float
+    rounding puts a value on either side of a rounding boundary (one step, plus for fp16 the
+    fp32 paths' own difference, which is several steps of a value near 0: measured 1.9e-6 at
+    9e-4), and logits within what such a step moves."""
     runs = count_kernel_steps(monkeypatch)
-    chosen = AttentionSettings(mode=settings, topk=2)
+    chosen = AttentionSettings(mode=settings, topk=2, kv_dtype=kv_dtype)
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, chosen, 150, 20)
-    assert runs == list(range(150, 170)) and fused_cache.k[0].dtype == torch.float16
+    assert runs == list(range(150, 170))
     for layer in range(model.config.num_hidden_layers):
         for name in ("k", "v"):
             a = getattr(fused_cache, name)[layer][:, 150:170].float()
             b = getattr(per_op_cache, name)[layer][:, 150:170].float()
-            assert torch.all((a - b).abs() <= b.abs() * 2.0**-10 + 1e-5), f"{name} {layer}"
+            if kv_dtype == "int8":
+                scale_a, scale_b = (
+                    getattr(c, f"{name}_scale")[layer][:, 150:170]
+                    for c in (fused_cache, per_op_cache)
+                )
+                assert_close(scale_a, scale_b, atol=1e-5 * float(scale_b.max()), what="scales")
+                a, b = requantize_rows(a, scale_a).float(), requantize_rows(b, scale_b).float()
+                step = torch.ones(())
+            else:
+                assert fused_cache.k[0].dtype == torch.float16
+                step = b.abs() * 2.0**-10 + 1e-5
+            assert torch.all((a - b).abs() <= step), f"{name} of layer {layer}"
             assert (a == b).float().mean() > 0.98, f"{name} of layer {layer}"
     assert_close(fused, per_op, atol=1e-2 * float(per_op.abs().max()), what="logits")
 

@@ -99,7 +99,8 @@ enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
 // GELU with the tanh approximation, as PyTorch's gelu(approximate="tanh") writes it.
 inline float gelu_tanh(float x) {
   const float beta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
-  const float inner = beta * (x + 0.044715f * x * x * x);
+  const float cube = x * x * x;
+  const float inner = beta * (x + 0.044715f * cube);
   return 0.5f * x * (1.f + std::tanh(inner));
 }
 
