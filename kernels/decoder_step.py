@@ -37,7 +37,10 @@ one spec each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in differ
 as a GGUF Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`,
 `k_norm` (fp32 [D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 and
 Gemma 3 do; `attn_out_norm`, `mlp_out_norm` (fp32 [hidden]), `q_scale` (float) and `act`
-(SILU or GELU_TANH), as above.
+(SILU or GELU_TANH), as above; `torch_norms` (bool): its RMSNorms (mean of squares and rsqrt)
+and GELU by PyTorch's own ops, the bits of msa.models' per-op RMSNorm with an offset (Gemma's),
+because a GGUF product quantizes its input to int8, where a last-bit difference can move a
+value a whole step (otherwise the extension's loops, within fp32 rounding of F.rms_norm).
 
 `decoder_step_reference` (decoder_step_reference.py) is the definition in plain PyTorch;
 `DecoderStep` runs the C++

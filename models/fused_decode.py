@@ -83,8 +83,9 @@ def layer_spec(
     "down"; `head_norms`, where it has them: the RMSNorms (q, k) over each head before RoPE
     (Qwen3, Gemma 3); `out_norms`: the RMSNorms of the attention's and the MLP's outputs (Gemma);
     `q_scale`: q's factor before RoPE; `gelu`: GeGLU (tanh GELU) instead of SwiGLU. A norm with
-    an offset goes to the kernel as `weight + offset` in fp32, the sum RMSNorm multiplies by.
-    None if any of them has no such form."""
+    an offset goes to the kernel as `weight + offset` in fp32, the sum RMSNorm multiplies by, and
+    the layer's norms as RMSNorm computes such a norm op by op (`torch_norms`: the same bits, so
+    that GGUF products quantize the same inputs). None if any of them has no such form."""
     norms = (norm_in, norm_post, *head_norms, *out_norms)
     if any(n.weight.dtype != torch.float32 for n in norms):
         return None
@@ -95,6 +96,8 @@ def layer_spec(
     names += ("attn_out_norm", "mlp_out_norm")[: len(out_norms)]
     for name, norm in zip(names, norms):
         spec[name] = (norm.weight.detach() + norm.offset).contiguous()
+    if any(n.offset != 0.0 for n in norms):
+        spec["torch_norms"] = True
     if q_scale != 1.0:
         spec["q_scale"] = float(q_scale)
     if gelu:

@@ -92,6 +92,8 @@ def test_the_models_have_what_the_step_must_compute(model):
     second RoPE (Gemma 3): the comparisons below exercise them."""
     windows = model.model_attention().windows
     assert WINDOW in windows
+    # Gemma's (1 + w) norms: the step computes them with the per-op path's own ops
+    assert model.layers[0].fused_spec().get("torch_norms", False) == isinstance(model, Gemma2)
     if isinstance(model, Gemma3):
         assert model.local_rope is not None and None in windows
     elif isinstance(model, Gemma2):

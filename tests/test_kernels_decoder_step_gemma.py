@@ -229,3 +229,34 @@ def test_local_layers_take_the_second_row_of_angles(extension):
     other, expected, *_ = run_both(extension, layers, 103, DENSE, angles=same)
     assert_close(other, expected, **TOL, what="one base for both kinds")
     assert (actual - other).abs().max() > 1e-3
+
+
+def test_torch_norms_give_the_per_op_paths_bits(extension):
+    """`torch_norms` (Gemma's norms with an offset): the step's RMSNorm is PyTorch's own ops, as
+    msa.models' RMSNorm with an offset computes it, so a GGUF product, which quantizes its input
+    to int8, sees the per-op path's input bit for bit (a last-bit difference can move an input
+    to the next int8 step: ~0.02 on a real Gemma 3's values). A first layer whose V is the
+    identity of the norm's output writes those bits into the store."""
+    layers = [dict(layer, torch_norms=True) for layer in gemma_layers(ds.FP32)]
+    identity = torch.eye(N_KV_HEADS * HEAD_DIM, HIDDEN)
+    layers[0]["v"] = (ds.FP32, identity, torch.empty(0), 0)
+    actual, expected, (fk, fv), _ = run_both(extension, layers, 103, DENSE)
+    assert_close(actual, expected, **TOL, what="hidden state, torch norms")
+    for seed in range(3, 13):  # other inputs, the same bits
+        x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed))
+        keys, values = stores(N_KV_HEADS)
+        step = ds.DecoderStep(
+            extension,
+            layers,
+            hidden=HIDDEN,
+            intermediate=INTER,
+            n_heads=N_HEADS,
+            n_kv_heads=N_KV_HEADS,
+            head_dim=HEAD_DIM,
+            eps=1e-6,
+            inv_freq=inv_freq(),
+        )
+        step.step(x.clone(), keys, values, 103, *two_kinds_of_angles(103), DENSE)
+        xr = x[None] * torch.rsqrt(x[None].pow(2).mean(-1, keepdim=True) + 1e-6)
+        h = (xr * layers[0]["norm_in"])[0]
+        assert torch.equal(values[0][:, 103].reshape(-1), h[: N_KV_HEADS * HEAD_DIM]), seed

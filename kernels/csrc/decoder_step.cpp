@@ -90,6 +90,7 @@ struct Layer {
   at::Tensor attn_out_norm, mlp_out_norm;
   float q_scale = 1.f;  // q times this before RoPE (Gemma: sqrt(D / query_pre_attn_scalar))
   int64_t act = 0;      // the GLU's activation of the gate: SILU or GELU_TANH
+  bool torch_norms = false;  // norms (and GELU) by PyTorch's ops, as the per-op path's Gemma layers
   LinearGroup qkv, gate_up;
   Linear o, down;
 };
@@ -123,6 +124,19 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+// RMSNorm of `rows` rows of n as msa.models' RMSNorm computes a norm with an offset, op by op:
+// the mean of squares and its rsqrt by PyTorch's own kernels (their sums' order, so the same
+// bits), then (x * r) * w. Why: a GGUF's products quantize their input to int8, where one last
+// bit of difference can move a value to the next step (and Gemma's large norm weights make that
+// step large).
+void rms_norm_as_torch(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  at::Tensor xt = at::from_blob(const_cast<float*>(x), {rows, n}, at::kFloat);
+  const at::Tensor r = at::rsqrt(at::pow(xt, 2).mean(-1, true) + static_cast<double>(eps));
+  const float* rp = r.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t i = 0; i < n; ++i) y[row * n + i] = x[row * n + i] * rp[row] * w[i];
 }
 
 // Rotate-half RoPE of `heads` vectors of width d by angles with cos, sin [d] (sign -1: back).
@@ -488,6 +502,7 @@ class DecoderStack {
         TORCH_CHECK(!t->defined() || t->scalar_type() == at::kFloat, "norm weights must be fp32");
       if (spec.contains("q_scale")) l.q_scale = static_cast<float>(spec["q_scale"].cast<double>());
       if (spec.contains("act")) l.act = spec["act"].cast<int64_t>();
+      if (spec.contains("torch_norms")) l.torch_norms = spec["torch_norms"].cast<bool>();
       TORCH_CHECK(l.act == SILU || l.act == GELU_TANH, "act must be SILU (0) or GELU_TANH (1)");
       l.qkv = make_group(spec, "qkv", {"q", "k", "v"}, {q, kv, kv}, hidden);
       l.o = make_linear(spec["o"].cast<py::tuple>(), n_heads * head_dim, hidden);
@@ -570,15 +585,14 @@ class DecoderStack {
                           t->size(0) == n_kv_heads_ && t->size(1) == cap,
                       "int8 K/V scales must be contiguous fp32 [Hkv, cap]");
       }
-      rms_norm(xs, l.norm_in.data_ptr<float>(), h.data(), hidden_, eps_);
+      norm(l, xs, l.norm_in, h.data(), 1, hidden_);
       l.qkv.apply(h.data(), qkv.data());
       float* q = qkv.data();
       float* k = q + n_heads_ * d_;
       float* v = k + n_kv_heads_ * d_;
       if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
-        for (int64_t hd = 0; hd < n_heads_; ++hd) rms_norm(q + hd * d_, l.q_norm.data_ptr<float>(), q + hd * d_, d_, eps_);
-        for (int64_t hd = 0; hd < n_kv_heads_; ++hd)
-          rms_norm(k + hd * d_, l.k_norm.data_ptr<float>(), k + hd * d_, d_, eps_);
+        norm(l, q, l.q_norm, q, n_heads_, d_);
+        norm(l, k, l.k_norm, k, n_kv_heads_, d_);
       }
       if (l.q_scale != 1.f)
         for (int64_t i = 0; i < n_heads_ * d_; ++i) q[i] *= l.q_scale;
@@ -631,11 +645,15 @@ class DecoderStack {
         attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data());
       }
       l.o.apply(attn.data(), delta.data());
-      if (l.attn_out_norm.defined()) rms_norm(delta.data(), l.attn_out_norm.data_ptr<float>(), delta.data(), hidden_, eps_);
+      if (l.attn_out_norm.defined()) norm(l, delta.data(), l.attn_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
-      rms_norm(xs, l.norm_post.data_ptr<float>(), h.data(), hidden_, eps_);
+      norm(l, xs, l.norm_post, h.data(), 1, hidden_);
       l.gate_up.apply(h.data(), gu.data());
-      if (l.act == GELU_TANH) {
+      if (l.act == GELU_TANH && l.torch_norms) {  // PyTorch's GELU kernel, as the per-op path
+        at::Tensor gate = at::from_blob(gu.data(), {1, inter_}, at::kFloat);
+        at::Tensor up = at::from_blob(gu.data() + inter_, {1, inter_}, at::kFloat);
+        at::mul_out(gate, at::gelu(gate, "tanh"), up);
+      } else if (l.act == GELU_TANH) {
         for (int64_t i = 0; i < inter_; ++i) gu[i] = gelu_tanh(gu[i]) * gu[inter_ + i];
       } else {
         for (int64_t i = 0; i < inter_; ++i) {
@@ -644,13 +662,19 @@ class DecoderStack {
         }
       }
       l.down.apply(gu.data(), delta.data());
-      if (l.mlp_out_norm.defined()) rms_norm(delta.data(), l.mlp_out_norm.data_ptr<float>(), delta.data(), hidden_, eps_);
+      if (l.mlp_out_norm.defined()) norm(l, delta.data(), l.mlp_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
     }
     return {-1, {}, flatten(shared, have_shared)};
   }
 
  private:
+  // `rows` rows of n through a layer's RMSNorm of weight w [n] (in place where y == x)
+  void norm(const Layer& l, const float* x, const at::Tensor& w, float* y, int64_t rows, int64_t n) const {
+    if (l.torch_norms) return rms_norm_as_torch(x, w.data_ptr<float>(), y, rows, n, eps_);
+    for (int64_t row = 0; row < rows; ++row) rms_norm(x + row * n, w.data_ptr<float>(), y + row * n, n, eps_);
+  }
+
   static std::vector<int64_t> flatten(const Selection& shared, bool have) {
     if (!have) return {};
     std::vector<int64_t> out{shared.n_far};
