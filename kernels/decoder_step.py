@@ -1,23 +1,32 @@
 """One decode step through a stack of pre-norm GQA decoder layers, fused into one CPU call.
 
 Layer (Llama style): `x += O(attn(rope(QKV(norm_in(x)))))`, `x += Down(silu(G) * U)` with
-`G, U = GateUp(norm_post(x))`; RMSNorm without offset, rotate-half RoPE over the whole head,
-GQA (query head h reads KV head h // G). The attention is dense for a token before
-`sparse_from`, else MSA as msa.models' decode path defines it (README.md beside this file has
-the selection rules): the Quest bound of each full block by content (the query before RoPE
-against the summaries of keys rotated back to position 0), the sink, top-k and local window;
-from `selection_layer` on one set of blocks for every KV head (the heads' top-k taken in turn,
-best first); from `bounded_from` on, far blocks read back to back just before the local window.
+`G, U = GateUp(norm_post(x))`; RMSNorm, rotate-half RoPE over the whole head, GQA (query head h
+reads KV head h // G), logits at D**-0.5. Gemma 2/3 layers are the same with what a layer's
+spec adds: `attn_out_norm` and `mlp_out_norm`, RMSNorms of the attention's and the MLP's
+outputs before their residual adds; `act` GELU_TANH (GeGLU) instead of SILU; `q_scale`, q
+multiplied by it before RoPE (Gemma's query_pre_attn_scalar); (1 + w) norms come as their
+weights plus one. The attention is dense for a token before `sparse_from`, else MSA as
+msa.models' decode path defines it (README.md beside this file has the selection rules): the
+Quest bound of each full block by content (the query before RoPE against the summaries of keys
+rotated back to position 0), the sink, top-k and local window; from `selection_layer` on one
+set of blocks for every KV head (the heads' top-k taken in turn, best first); from
+`bounded_from` on, far blocks read back to back just before the local window. A layer with a
+sliding window (`StepSettings.windows`: Gemma's local layers, Mistral's) reads the keys in
+(pos - window, pos] densely, never selected blocks, rotated by the second row of angles where
+the step is given two (Gemma 3's local RoPE base); `StepSettings.softcap` maps every logit to
+`cap * tanh(logit / cap)` (Gemma 2, whose plan stays dense).
 
 Shapes: x [hidden] fp32, the new token's embedding (updated in place); per layer, K and V
 stores [Hkv, cap, D] contiguous, fp32, fp16 or bf16 (the token written at `pos` rounded to the
 stores' type, positions 0..pos read back as stored and widened to fp32: csrc/kv_rows.h), or,
 for int8 K/V (msa.models' kv_int8.py), fp32 stores with their scale stores [Hkv, cap] (the
-token's rows rounded to their int8 grid and its scales written);
-cos, sin [D] the angles of `pos`; for MSA, the content summaries [L, Hkv, n_blocks, 2, D]
-(every full block before the token's summarized) and `absent` bool [L, n_marked]: blocks not
-in the stores yet, which the step asks for instead of reading (see `DecoderStep.step`). Each
-linear is a spec `(kind, a, b, group)`: `(FP32, weight [N, K], empty, 0)`,
+token's rows rounded to their int8 grid and its scales written); cos, sin [D] the angles of
+`pos` (or [2, D]: the global layers', then the windowed layers'); for MSA, the content
+summaries [L, Hkv, n_blocks, 2, D] (every full block before the token's summarized) and
+`absent` bool [L, n_marked]: blocks not in the stores yet, which the step asks for instead of
+reading (see `DecoderStep.step`). Each linear is a spec `(kind, a, b, group)`:
+`(FP32, weight [N, K], empty, 0)`,
 `(INT8, int8 weight [N, K], bf16 scales [N], 0)` or `(INT4, packed, bf16 scales_zeros, group
 size)` in the layouts of PyTorch's CPU kernels `_weight_int8pack_mm` and
 `_weight_int4pack_mm_for_cpu`, whose activations are bf16, or `(GGML, blocks, row ids, GGML
@@ -26,7 +35,12 @@ per-op kernels' own matvec); a fifth element, an fp32
 bias [N] (empty: none), is added to the product in fp32. A layer gives `qkv` and `gate_up` as
 one spec each, or as their parts `q`, `k`, `v` and `gate`, `up` (parts in different formats,
 as a GGUF Q4_K_M file stores them, cannot share one matrix). A layer may add `q_norm`,
-`k_norm` (fp32 [D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 does.
+`k_norm` (fp32 [D]): each head of q and of k RMS-normalized over D before RoPE, as Qwen3 and
+Gemma 3 do; `attn_out_norm`, `mlp_out_norm` (fp32 [hidden]), `q_scale` (float) and `act`
+(SILU or GELU_TANH), as above; `torch_norms` (bool): its RMSNorms (mean of squares and rsqrt)
+and GELU by PyTorch's own ops, the bits of msa.models' per-op RMSNorm with an offset (Gemma's),
+because a GGUF product quantizes its input to int8, where a last-bit difference can move a
+value a whole step (otherwise the extension's loops, within fp32 rounding of F.rms_norm).
 
 `decoder_step_reference` (decoder_step_reference.py) is the definition in plain PyTorch;
 `DecoderStep` runs the C++
@@ -46,6 +60,7 @@ import torch
 from .cpp_build import CppExtension
 
 FP32, INT8, INT4, GGML = 0, 1, 2, 3
+SILU, GELU_TANH = 0, 1  # a layer's `act`: the GLU's activation of the gate
 NEVER = 2**62  # a position no input reaches: "never sparse", "never bounded"
 # the fused step; it reads GGUF blocks with the per-op kernels' own code (ggml_blocks.h)
 _EXTENSION = CppExtension("msa_decoder_step", ["decoder_step.cpp"], off_by="MSA_NO_FUSED_DECODE")
@@ -53,7 +68,9 @@ _EXTENSION = CppExtension("msa_decoder_step", ["decoder_step.cpp"], off_by="MSA_
 
 @dataclass(frozen=True)
 class StepSettings:
-    """The attention settings a step needs (msa.models' AttentionSettings, resolved for a cache)."""
+    """The attention settings a step needs (msa.models' AttentionPlan, resolved for a cache):
+    `windows`, per layer, a local layer's sliding window (None: global; (): every layer global);
+    `softcap`, of the attention logits (None: none)."""
 
     sparse_from: int = NEVER
     bounded_from: int = NEVER
@@ -62,6 +79,18 @@ class StepSettings:
     local_blocks: int = 1
     sink_blocks: int = 1
     selection_layer: int | None = None
+    windows: tuple[int | None, ...] = ()
+    softcap: float | None = None
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for a global one."""
+        return self.windows[layer] if layer < len(self.windows) else None
+
+    def window_list(self, n_layers: int) -> list[int]:
+        """Each layer's window for the extension (0: none), or [] where no layer has one."""
+        if not any(w is not None for w in self.windows):
+            return []
+        return [self.window(layer) or 0 for layer in range(n_layers)]
 
     def as_list(self) -> list[int]:
         layer = -1 if self.selection_layer is None else self.selection_layer
@@ -125,8 +154,10 @@ class DecoderStep:
         load_blocks=None,
         scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
     ) -> torch.Tensor:
-        """x [hidden] fp32 -> the last layer's output (x itself, updated in place). `scales`:
-        int8 K/V's scale stores of keys and of values, one per layer (empty: not int8).
+        """x [hidden] fp32 -> the last layer's output (x itself, updated in place). cos, sin:
+        the angles of `pos`, [D] for every layer, or [2, D]: row 0 the global layers', row 1
+        the windowed layers' (Gemma 3's local RoPE base). `scales`: int8 K/V's scale stores of
+        keys and of values, one per layer (empty: not int8).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -134,10 +165,24 @@ class DecoderStep:
         summaries = torch.empty(0, 0, 0, 0, 0) if summaries is None else summaries
         absent = torch.zeros(len(keys), 0, dtype=torch.bool) if absent is None else absent
         args, first, shared = settings.as_list(), 0, []
+        windows, softcap = settings.window_list(len(keys)), settings.softcap or 0.0
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
             stopped, missing, shared = self._stack.step(
-                x, keys, values, *scales, summaries, absent, pos, cos, sin, args, first, shared
+                x,
+                keys,
+                values,
+                *scales,
+                summaries,
+                absent,
+                pos,
+                cos,
+                sin,
+                args,
+                windows,
+                softcap,
+                first,
+                shared,
             )
             if stopped < 0:
                 return x

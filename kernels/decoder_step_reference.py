@@ -1,14 +1,15 @@
 """The definition of the fused decode step (decoder_step.py) in plain PyTorch, built from the
-ops of this package (`score_blocks`, `select_blocks`): what tests/test_kernels_decoder_step.py
-holds the C++ extension to. Far keys are rotated forward here where the extension
-counter-rotates the query."""
+ops of this package (`score_blocks`, `select_blocks`, the GGUF blocks' `linear`): what
+tests/test_kernels_decoder_step*.py hold the C++ extension to. Far keys are rotated forward
+here where the extension counter-rotates the query."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .decoder_step import FP32, INT8, StepSettings
+from . import ggml_blocks
+from .decoder_step import FP32, GELU_TANH, GGML, INT8, SILU, StepSettings
 from .scoring import score_blocks
 from .selection import select_blocks
 
@@ -21,6 +22,8 @@ def linear_reference(spec, x: torch.Tensor) -> torch.Tensor:
         y = a @ x
     elif kind == INT8:
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16)[None], a, b)[0].float()
+    elif kind == GGML:  # the per-op kernels' product: x quantized to int8 as llama.cpp does
+        y = ggml_blocks.linear(x[None].contiguous(), a, group, b)[0]
     else:
         xb = x.to(torch.bfloat16)[None]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, a, group, b)[0].float()
@@ -77,21 +80,35 @@ def decoder_step_reference(
 
     `layers`: one dict per layer with `norm_in`, `norm_post` (fp32 [hidden]) and the linear
     specs `qkv` (q, then k, then v rows) or `q`, `k`, `v`; `o`; `gate_up` (gate rows, then up
-    rows) or `gate`, `up`; and `down`; optionally `q_norm`, `k_norm` (fp32 [D]).
-    An MSA step (pos >= settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
+    rows) or `gate`, `up`; and `down`; optionally `q_norm`, `k_norm` (fp32 [D]), `q_scale`
+    (q times it after those norms, before RoPE), `attn_out_norm`, `mlp_out_norm` (fp32
+    [hidden], RMSNorms of the attention's and the MLP's outputs before their residual adds) and
+    `act` (SILU, or GELU_TANH: GeGLU). cos, sin: [D], or [2, D] whose second row rotates the
+    layers with a window (`settings.windows`), which attend densely to (pos - window, pos].
+    Logits are soft-capped where `settings.softcap` says. An MSA step (pos >=
+    settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
     x = x.clone()
-    d = cos.shape[0]
+    d = cos.shape[-1]
+    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
     shared = None
     for layer, (spec, k_store, v_store) in enumerate(zip(layers, keys, values)):
+        window = settings.window(layer)
+        row = 1 if window is not None and cos.shape[0] > 1 else 0
         h = F.rms_norm(x, x.shape, spec["norm_in"], eps)
         qkv = head_norms(group_reference(spec, "qkv", ("q", "k", "v"), h), spec, n_heads, d, eps)
+        if spec.get("q_scale", 1.0) != 1.0:
+            qkv = torch.cat([qkv[: n_heads * d] * spec["q_scale"], qkv[n_heads * d :]])
         q0 = qkv[: n_heads * d].view(n_heads, d)
         qk = qkv[: (n_heads + n_kv_heads) * d].view(-1, d)
-        qk = qk * cos + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin
+        qk = qk * cos[row] + torch.cat([-qk[:, d // 2 :], qk[:, : d // 2]], dim=-1) * sin[row]
         q, k = qk[:n_heads], qk[n_heads:]
         k_store[:, pos] = k
         v_store[:, pos] = qkv[(n_heads + n_kv_heads) * d :].view(n_kv_heads, d)
-        if pos < settings.sparse_from:
+        if window is not None:  # a local layer: its window, densely, whatever the plan
+            first = max(0, pos - window + 1)
+            keys_of = [torch.arange(first, pos + 1)] * n_kv_heads
+            k_read = [k_store[g, first : pos + 1].float() for g in range(n_kv_heads)]
+        elif pos < settings.sparse_from:
             keys_of = [torch.arange(pos + 1)] * n_kv_heads
             k_read = [k_store[g, : pos + 1].float() for g in range(n_kv_heads)]
         else:
@@ -114,16 +131,29 @@ def decoder_step_reference(
         group = n_heads // n_kv_heads
         attn = torch.stack(
             [
-                torch.softmax(k_read[hd // group] @ q[hd] * d**-0.5, dim=0)
+                torch.softmax(_capped(k_read[hd // group] @ q[hd] * d**-0.5, settings), dim=0)
                 @ v_store[hd // group, keys_of[hd // group]].float()
                 for hd in range(n_heads)
             ]
         )  # [Hq, D]
-        x = x + linear_reference(spec["o"], attn.reshape(-1))
+        x = x + _out_norm(linear_reference(spec["o"], attn.reshape(-1)), spec, "attn", eps)
         h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
         gate, up = group_reference(spec, "gate_up", ("gate", "up"), h).chunk(2)
-        x = x + linear_reference(spec["down"], F.silu(gate) * up)
+        act = spec.get("act", SILU)
+        gate = F.gelu(gate, approximate="tanh") if act == GELU_TANH else F.silu(gate)
+        x = x + _out_norm(linear_reference(spec["down"], gate * up), spec, "mlp", eps)
     return x
+
+
+def _capped(logits: torch.Tensor, s: StepSettings) -> torch.Tensor:
+    """Logits soft-capped as Gemma 2 caps them (`cap * tanh(logits / cap)`), or as they are."""
+    return logits if s.softcap is None else torch.tanh(logits / s.softcap) * s.softcap
+
+
+def _out_norm(y: torch.Tensor, spec: dict, part: str, eps: float) -> torch.Tensor:
+    """The attention's or the MLP's output y [hidden] through the layer's norm of it, if any."""
+    w = spec.get(f"{part}_out_norm")
+    return y if w is None else F.rms_norm(y, y.shape, w, eps)
 
 
 def _msa_choice(q0, summaries, pos: int, s: StepSettings):

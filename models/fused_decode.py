@@ -2,15 +2,20 @@
 
 A decode step runs the whole layer stack in one C++ call instead of ~15 PyTorch ops a layer:
 the same products by the same kernels, the same K/V written into the cache, the same attention
-plan (dense before `plan.sparse_from`, MSA after, as msa_decode.py computes it), within fp32
-rounding; int8/int4 activations round to bf16 as the per-op path does.
+plan (dense before `plan.sparse_from`, MSA after, as msa_decode.py computes it; a local
+layer's sliding window densely, as window_attention.py computes it, with the local layers' RoPE
+where the model has one; Gemma 2's soft-capped logits), within fp32 rounding; int8/int4
+activations round to bf16 as the per-op path does.
 
 `Transformer.prepare_decode` builds it once per model (the extension on first use in the
 process) from the layers' specs (`layer_spec`, which the model family gives for the layers it
-knows the step computes); `Transformer.forward` runs a one-token forward with it when the cache
-fits (`FusedDecode.fits`: K/V in fp32, fp16, bf16 or int8, on the CPU) and nobody observes the
-queries. Everything else (norms across heads, MoE, partial RoPE, bf16 compute, sources) runs
-per op.
+knows the step computes: Llama's and the families that only add biases or q/k norms to it,
+and Gemma 2/3's, with their output norms, GeGLU and query scale); `Transformer.forward` runs a
+one-token forward with it when the cache fits (`FusedDecode.fits`: K/V in fp32, fp16, bf16 or
+int8, on the CPU) and nobody observes the queries. Everything else (norms across heads, MoE,
+partial RoPE, bf16 compute, sources) runs per op. Embeddings (Gemma's scaled by sqrt(hidden))
+and the output head (Gemma's soft-capped logits) stay outside the step, in the model's own
+`embed` and `logits`.
 """
 
 from __future__ import annotations
@@ -22,14 +27,14 @@ from torch import nn
 
 from msa.kernels import decoder_step as kernel
 
-from .attention_plan import AttentionPlan, ModelAttention
+from .attention_plan import AttentionPlan
 from .ggml_linear import GgmlLinear
 from .kv_cache import KVCache
 from .quantize import Int4Linear, Int8Linear
+from .window_attention import window_start
 
 STORES = (torch.float32, torch.float16, torch.bfloat16)  # K/V store types the step reads
-NOT_PLAIN_LAYERS = "its layers are not the plain Llama layers the fused step computes"
-NOT_PLAIN_ATTENTION = "the fused step computes neither sliding windows nor soft-capped logits"
+NOT_PLAIN_LAYERS = "its layers are not the Llama or Gemma layers the fused step computes"
 
 
 def linear_spec(linear: nn.Module):
@@ -48,21 +53,55 @@ def linear_spec(linear: nn.Module):
     return None
 
 
-def layer_spec(norm_in, norm_post, linears: dict[str, nn.Module], head_norms=()) -> dict | None:
-    """One layer for the kernel: its two RMSNorms (no offset, fp32) and its linears on the CPU,
-    "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"), "down"; `head_norms`, where it
-    has them: the RMSNorms (q, k) over each head before RoPE (Qwen3). None if any of them has
-    no such form."""
-    norms = (norm_in, norm_post, *head_norms)
-    if any(n.offset != 0.0 or n.weight.dtype != torch.float32 for n in norms):
+def projections(attn: nn.Module, mlp: nn.Module) -> dict[str, nn.Module]:
+    """The linears of a Llama-shaped attention and gated MLP as `layer_spec` names them: fused
+    ("qkv", "gate_up") where fuse.py fused them, else their parts (a GGUF Q4_K_M file's, in
+    different formats)."""
+    if attn.fused_sizes is None:
+        linears = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}
+    else:
+        linears = {"qkv": attn.qkv_proj}
+    if mlp.fused_sizes is None:
+        linears |= {"gate": mlp.gate_proj, "up": mlp.up_proj}
+    else:
+        linears |= {"gate_up": mlp.gate_up_proj}
+    return linears | {"o": attn.o_proj, "down": mlp.down_proj}
+
+
+def layer_spec(
+    norm_in,
+    norm_post,
+    linears: dict[str, nn.Module],
+    head_norms=(),
+    *,
+    out_norms=(),
+    q_scale: float = 1.0,
+    gelu: bool = False,
+) -> dict | None:
+    """One layer for the kernel: its two RMSNorms (fp32; before attention and before the MLP)
+    and its linears on the CPU, "qkv" (or "q", "k", "v"), "o", "gate_up" (or "gate", "up"),
+    "down"; `head_norms`, where it has them: the RMSNorms (q, k) over each head before RoPE
+    (Qwen3, Gemma 3); `out_norms`: the RMSNorms of the attention's and the MLP's outputs (Gemma);
+    `q_scale`: q's factor before RoPE; `gelu`: GeGLU (tanh GELU) instead of SwiGLU. A norm with
+    an offset goes to the kernel as `weight + offset` in fp32, the sum RMSNorm multiplies by, and
+    the layer's norms as RMSNorm computes such a norm op by op (`torch_norms`: the same bits, so
+    that GGUF products quantize the same inputs). None if any of them has no such form."""
+    norms = (norm_in, norm_post, *head_norms, *out_norms)
+    if any(n.weight.dtype != torch.float32 for n in norms):
         return None
     spec = {name: linear_spec(m) for name, m in linears.items()}
     if any(s is None or s[1].device.type != "cpu" for s in spec.values()):
         return None
-    spec["norm_in"] = norm_in.weight.detach().contiguous()
-    spec["norm_post"] = norm_post.weight.detach().contiguous()
-    for name, norm in zip(("q_norm", "k_norm"), head_norms):
-        spec[name] = norm.weight.detach().contiguous()
+    names = ("norm_in", "norm_post") + ("q_norm", "k_norm")[: len(head_norms)]
+    names += ("attn_out_norm", "mlp_out_norm")[: len(out_norms)]
+    for name, norm in zip(names, norms):
+        spec[name] = (norm.weight.detach() + norm.offset).contiguous()
+    if any(n.offset != 0.0 for n in norms):
+        spec["torch_norms"] = True
+    if q_scale != 1.0:
+        spec["q_scale"] = float(q_scale)
+    if gelu:
+        spec["act"] = kernel.GELU_TANH
     return spec
 
 
@@ -76,6 +115,8 @@ def step_settings(plan: AttentionPlan) -> kernel.StepSettings:
         local_blocks=plan.local_blocks,
         sink_blocks=plan.sink_blocks,
         selection_layer=plan.selection_layer,
+        windows=plan.windows,
+        softcap=plan.softcap,
     )
 
 
@@ -94,8 +135,6 @@ class FusedDecode:
         c = model.config
         if c.rope_dim != c.head_dim or model.embed_tokens.weight.dtype != torch.float32:
             specs = None
-        if specs is not None and model.model_attention() != ModelAttention():
-            return NOT_PLAIN_ATTENTION
         if specs is not None and kernel.needs_build() and on_build is not None:
             on_build()
         extension = kernel.compiled_extension() if specs is not None else None
@@ -125,18 +164,24 @@ class FusedDecode:
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
     ) -> torch.Tensor:
         """The token's embedding x [hidden] (contiguous) at position `cache.length`, with its
-        angles cos, sin [D], through every layer: its hidden state [hidden] (x, updated in
-        place); the cache gets its K/V and advances by one."""
-        pos = cache.length
+        angles cos, sin [D] (or [2, D]: the global layers', then the local layers', where they
+        differ), through every layer: its hidden state [hidden] (x, updated in place); the cache
+        gets its K/V and advances by one."""
+        pos, plan = cache.length, cache.plan
         cache.reserve(pos + 1)
-        settings = step_settings(cache.plan)
+        settings = step_settings(plan)
         scales = (cache.k_scale, cache.v_scale)  # int8 K/V's; empty lists otherwise
-        if not cache.plan.is_sparse(pos):
-            for layer in range(cache.n_layers):  # restored blocks not read yet: dense reads them
-                cache.load_tokens(layer, 0, pos)
+        sparse = plan.is_sparse(pos)
+        for layer in range(cache.n_layers):  # restored blocks not read yet: what reads them densely
+            window = plan.window(layer)
+            if window is not None or not sparse:
+                cache.load_tokens(layer, window_start(pos, window), pos)
+        if not sparse:
             self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, scales=scales)
         else:
-            # summaries of the full blocks before the token's own (its block may fill with it)
+            # summaries of the full blocks before the token's own (its block may fill with it),
+            # of the layers that select blocks
+            selecting = [layer for layer in range(cache.n_layers) if plan.window(layer) is None]
             self.step.step(
                 x,
                 cache.k,
@@ -145,7 +190,7 @@ class FusedDecode:
                 cos,
                 sin,
                 settings,
-                summaries=cache.content_summaries(pos),
+                summaries=cache.content_summaries(pos, selecting),
                 absent=cache.absent_blocks,
                 load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
                 scales=scales,

@@ -11,6 +11,7 @@ from torch import nn
 
 from .attention_plan import ModelAttention
 from .forward import ForwardContext
+from .fused_decode import layer_spec, projections
 from .gemma_config import Gemma2Config, Gemma3Config
 from .layers import GatedMLP, RMSNorm, RotaryEmbedding
 from .llama import Attention, Transformer
@@ -64,9 +65,28 @@ class GemmaBlock(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, layer))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
-    def fused_spec(self) -> None:
-        """The fused decode step computes plain Llama layers only (fused_decode.py)."""
-        return None
+    def fused_spec(self) -> dict | None:
+        """This layer as the fused decode step computes it (fused_decode.layer_spec): the
+        post-attention and post-feedforward norms as output norms, GeGLU, the query scale and
+        Gemma 3's per-head q/k norms; None for a subclass or module this does not describe."""
+        attn, mlp = self.self_attn, self.mlp
+        if (
+            type(self) not in (GemmaBlock, Gemma3Block)
+            or type(attn) is not self.attention_class
+            or type(mlp) is not GatedMLP
+            or mlp.glu is not gelu_tanh_glu
+        ):
+            return None
+        head_norms = (attn.q_norm, attn.k_norm) if isinstance(attn, Gemma3Attention) else ()
+        return layer_spec(
+            self.input_layernorm,
+            self.pre_feedforward_layernorm,
+            projections(attn, mlp),
+            head_norms,
+            out_norms=(self.post_attention_layernorm, self.post_feedforward_layernorm),
+            q_scale=attn.q_scale,
+            gelu=True,
+        )
 
 
 class Gemma3Block(GemmaBlock):

@@ -216,11 +216,12 @@ class KVCache(RestoredBlocks):
             self.n_summarized[layer] = n_full
         return self._summary_store[int(by_content), layer, :, :n_full]
 
-    def content_summaries(self, n_tokens: int) -> torch.Tensor:
+    def content_summaries(self, n_tokens: int, layers=None) -> torch.Tensor:
         """Every layer's summaries by content, [L, Hkv, n_blocks of the store, 2, D], with those
-        of the full blocks among the first `n_tokens` computed (the rest are not meaningful)."""
+        of the full blocks among the first `n_tokens` computed in `layers` (None: all; the
+        others', and the rest, are not meaningful)."""
         n_full = n_tokens // self.block_size
-        for layer in range(self.n_layers):
+        for layer in range(self.n_layers) if layers is None else layers:
             if self.n_summarized[layer] < n_full:
                 self.block_summaries(layer, n_tokens)
         return self._summary_store[1]

@@ -13,7 +13,7 @@ from .attention_plan import ModelAttention, resolve_settings
 from .attention_settings import AttentionSettings
 from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
-from .fused_decode import FusedDecode, layer_spec
+from .fused_decode import FusedDecode, layer_spec, projections
 from .ggml_linear import GgmlLinear
 from .head_refine import refine_top
 from .kv_cache import KVCache
@@ -131,16 +131,9 @@ class Block(nn.Module):
             and _changes_only(type(mlp), MLP, set())
         ):
             return None
-        if attn.fused_sizes is None:
-            linears = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}
-        else:
-            linears = {"qkv": attn.qkv_proj}
-        if mlp.fused_sizes is None:
-            linears |= {"gate": mlp.gate_proj, "up": mlp.up_proj}
-        else:
-            linears |= {"gate_up": mlp.gate_up_proj}
-        linears |= {"o": attn.o_proj, "down": mlp.down_proj}
-        return layer_spec(self.input_layernorm, self.post_attention_layernorm, linears, head_norms)
+        return layer_spec(
+            self.input_layernorm, self.post_attention_layernorm, projections(attn, mlp), head_norms
+        )
 
 
 # what a class body holds besides what it defines
@@ -279,9 +272,12 @@ class Transformer(nn.Module):
             and FusedDecode.fits(cache)
             and self.prepare_decode() is None
         ):
-            cos, sin = self.rope.cos_sin_range(start, 1)
+            cos, sin = self.rope.cos_sin_range(start, 1)  # [1, D]
+            if self.local_rope is not None:  # the local layers' angles in a second row
+                local_cos, local_sin = self.local_rope.cos_sin_range(start, 1)
+                cos, sin = torch.cat([cos, local_cos]), torch.cat([sin, local_sin])
             x = self.embed(tokens)[0].contiguous()
-            logits = self.logits(self.fused_decode.run(x, cos[0], sin[0], cache))
+            logits = self.logits(self.fused_decode.run(x, cos, sin, cache))
             return logits.float()[None] if all_logits else logits.float()
         ctx = ForwardContext.open(
             cache,

@@ -13,7 +13,6 @@ from conftest import assert_close, exact_kv
 
 from msa.models.attention_plan import SOFTCAP_DENSE
 from msa.models.attention_settings import AttentionSettings
-from msa.models.fused_decode import NOT_PLAIN_LAYERS
 from msa.models.gemma import Gemma2, Gemma3
 from msa.models.loading import load_model
 from msa.models.tokenizer import ChatTemplate
@@ -107,7 +106,8 @@ def test_gemma2_matches_transformers(gemma2):
     assert isinstance(model, Gemma2)
     assert model.config.layer_types[:2] == ["sliding_attention", "full_attention"]
     ids, expected = _check(model, hf_model, DENSE, "gemma2")
-    assert model.prepare_decode() == NOT_PLAIN_LAYERS
+    # the cached decoding above ran the fused step (soft-capped logits, windows, GeGLU, norms)
+    assert model.prepare_decode() is None, model.per_op_reason
     _window_matters(hf_model, ids, expected)
 
 
@@ -118,7 +118,7 @@ def test_gemma2_keeps_msa_dense_for_its_soft_capped_logits(gemma2):
     _check(model, hf_model, AttentionSettings(mode="msa", block_size=16, topk=2), "gemma2 msa")
 
 
-def test_verbose_says_why_gemma2_attends_densely_and_decodes_per_op(gemma2):
+def test_verbose_says_why_gemma2_attends_densely_and_that_it_decodes_fused(gemma2):
     from msa.commands.local import _model_line
 
     _, model = gemma2
@@ -134,7 +134,7 @@ def test_verbose_says_why_gemma2_attends_densely_and_decodes_per_op(gemma2):
     )
     line = _model_line(loaded, 0.1, 2, AttentionSettings(mode="msa"))
     assert f"attention dense ({SOFTCAP_DENSE}), top-k 8" in line
-    assert f"decode op by op ({NOT_PLAIN_LAYERS}); prompt: a plain" in line
+    assert "decode in one fused CPU step; prompt: a plain" in line
 
 
 def test_gemma3_matches_transformers(gemma3):
@@ -142,6 +142,8 @@ def test_gemma3_matches_transformers(gemma3):
     assert isinstance(model, Gemma3)
     assert model.config.rope_linear_factor == 4.0
     ids, expected = _check(model, hf_model, DENSE, "gemma3")
+    # the cached decoding above ran the fused step, with the two RoPE bases
+    assert model.prepare_decode() is None, model.per_op_reason
     _window_matters(hf_model, ids, expected)
 
 

@@ -203,7 +203,7 @@ def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
     assert told == ["building"]
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
     reason = partial.prepare_decode(on_build=lambda: told.append("no"))
-    assert "not the plain Llama layers" in reason
+    assert "not the Llama or Gemma layers" in reason
     assert told == ["building"]
 
 

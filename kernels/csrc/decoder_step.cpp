@@ -1,15 +1,18 @@
 // One decode step (one new token) through a stack of pre-norm GQA decoder layers, on the CPU,
-// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm) -> rotate-half RoPE -> append K/V
-// (fp32, fp16 or bf16 stores; int8 K/V rounded to their grid, kv_rows.h) -> attention (dense, or
-// MSA: block selection over the cache's summaries, then the selected blocks) -> O -> residual
-// -> RMSNorm -> fused gate/up -> SiLU-GLU -> down -> residual, layer after layer.
+// in one call: RMSNorm -> QKV (+ biases) -> (per-head q/k RMSNorm, q scale) -> rotate-half RoPE
+// (the layer kind's angles) -> append K/V (fp32, fp16 or bf16 stores; int8 K/V rounded to their
+// grid, kv_rows.h) -> attention (dense, over a sliding window, or MSA: block selection over the
+// cache's summaries, then the selected blocks; logits soft-capped where asked) -> O -> (RMSNorm)
+// -> residual -> RMSNorm -> fused gate/up -> SiLU- or GELU(tanh)-GLU -> down -> (RMSNorm) ->
+// residual, layer after layer. Llama's layers and Gemma 2/3's are both this: Gemma's adds the
+// norms in parentheses, GELU and a q scale (its (1 + w) norms come as their weights plus one).
 //
 // Why: a decode step of a small model is ~30 layers x ~15 small ops, and from Python each op
 // costs more in dispatch than in arithmetic (the embedded model: ~17 ms a step, of which the
 // weight products are ~4 ms). Here the products still go to PyTorch's own kernels (fp32 `mv`,
 // `_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`); everything between them is a loop
 // over a few hundred floats. The definition this must match is `decoder_step_reference` in
-// decoder_step.py.
+// decoder_step_reference.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -82,9 +85,25 @@ struct LinearGroup {
 struct Layer {
   at::Tensor norm_in, norm_post;  // fp32 [hidden]
   at::Tensor q_norm, k_norm;      // fp32 [D], one for every head, or undefined: none (Qwen3's)
+  // fp32 [hidden] applied to the attention's and the MLP's outputs before their residual adds,
+  // or undefined: none (Gemma's post-attention and post-feedforward norms)
+  at::Tensor attn_out_norm, mlp_out_norm;
+  float q_scale = 1.f;  // q times this before RoPE (Gemma: sqrt(D / query_pre_attn_scalar))
+  int64_t act = 0;      // the GLU's activation of the gate: SILU or GELU_TANH
+  bool torch_norms = false;  // norms (and GELU) by PyTorch's ops, as the per-op path's Gemma layers
   LinearGroup qkv, gate_up;
   Linear o, down;
 };
+
+enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
+
+// GELU with the tanh approximation, as PyTorch's gelu(approximate="tanh") writes it.
+inline float gelu_tanh(float x) {
+  const float beta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+  const float cube = x * x * x;
+  const float inner = beta * (x + 0.044715f * cube);
+  return 0.5f * x * (1.f + std::tanh(inner));
+}
 
 // How the cache's attention reads it (AttentionSettings, resolved for this cache).
 struct Settings {
@@ -105,6 +124,19 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+// RMSNorm of `rows` rows of n as msa.models' RMSNorm computes a norm with an offset, op by op:
+// the mean of squares and its rsqrt by PyTorch's own kernels (their sums' order, so the same
+// bits), then (x * r) * w. Why: a GGUF's products quantize their input to int8, where one last
+// bit of difference can move a value to the next step (and Gemma's large norm weights make that
+// step large).
+void rms_norm_as_torch(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  at::Tensor xt = at::from_blob(const_cast<float*>(x), {rows, n}, at::kFloat);
+  const at::Tensor r = at::rsqrt(at::pow(xt, 2).mean(-1, true) + static_cast<double>(eps));
+  const float* rp = r.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t i = 0; i < n; ++i) y[row * n + i] = x[row * n + i] * rp[row] * w[i];
 }
 
 // Rotate-half RoPE of `heads` vectors of width d by angles with cos, sin [d] (sign -1: back).
@@ -159,11 +191,12 @@ struct Partial {
 };
 
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
-// ([cap, D] rows of fp32, fp16 or bf16, widened to fp32 a row at a time), as a Partial.
-// p: scratch of at least G * (tokens in segs).
+// ([cap, D] rows of fp32, fp16 or bf16, widened to fp32 a row at a time), as a Partial; the
+// logits soft-capped by `softcap` where it is > 0. p: scratch of at least G * (tokens in segs).
 template <typename T>
 Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const T* v,
-                        const Segment* segs, int64_t n_segs, float scale, const double* inv_freq, float* p) {
+                        const Segment* segs, int64_t n_segs, float scale, float softcap, const double* inv_freq,
+                        float* p) {
   std::vector<float> row(static_cast<size_t>(d));
   int64_t n = 0;
   for (int64_t i = 0; i < n_segs; ++i) n += segs[i].len;
@@ -189,6 +222,8 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
     }
     at += seg.len;
   }
+  if (softcap > 0.f)  // Gemma 2: each logit x -> cap * tanh(x / cap)
+    for (int64_t i = 0; i < g * n; ++i) p[i] = std::tanh(p[i] / softcap) * softcap;
   Partial part{std::vector<float>(static_cast<size_t>(g)), std::vector<float>(static_cast<size_t>(g)),
                std::vector<float>(static_cast<size_t>(g * d), 0.f)};
   for (int64_t j = 0; j < g; ++j) {
@@ -224,7 +259,7 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
 // segments) spread over the threads, then merged per KV head (flash-decoding).
 template <typename T>
 void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vector<std::vector<Segment>>& segs,
-            int64_t n_heads, int64_t d, float scale, const double* inv_freq, float* out) {
+            int64_t n_heads, int64_t d, float scale, float softcap, const double* inv_freq, float* out) {
   const int64_t n_kv_heads = static_cast<int64_t>(segs.size());
   const int64_t g = n_heads / n_kv_heads;
   int64_t total = 0;
@@ -254,7 +289,7 @@ void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vect
       const Item& it = items[i];
       p.resize(static_cast<size_t>(g * it.tokens));
       parts[i] = attend_segments(q + it.head * g * d, g, d, k + it.head * cap * d, v + it.head * cap * d,
-                                 segs[it.head].data() + it.first, it.count, scale, inv_freq, p.data());
+                                 segs[it.head].data() + it.first, it.count, scale, softcap, inv_freq, p.data());
     }
   });
   for (int64_t h = 0; h < n_kv_heads; ++h)
@@ -376,24 +411,26 @@ void write_token(const float* x, const at::Tensor& store, int64_t heads, int64_t
 // `attend` over a layer's stores k, v [Hkv, cap, D] of fp32, fp16 or bf16.
 void attend_stores(const float* q, const at::Tensor& k, const at::Tensor& v,
                    const std::vector<std::vector<Segment>>& segs, int64_t n_heads, int64_t d, float scale,
-                   const double* inv_freq, float* out) {
+                   float softcap, const double* inv_freq, float* out) {
   const int64_t cap = k.size(1);
   switch (k.scalar_type()) {
     case at::kHalf:
-      return attend(q, k.data_ptr<at::Half>(), v.data_ptr<at::Half>(), cap, segs, n_heads, d, scale, inv_freq, out);
+      return attend(q, k.data_ptr<at::Half>(), v.data_ptr<at::Half>(), cap, segs, n_heads, d, scale, softcap,
+                    inv_freq, out);
     case at::kBFloat16:
       return attend(q, k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), cap, segs, n_heads, d, scale,
-                    inv_freq, out);
+                    softcap, inv_freq, out);
     default:
-      return attend(q, k.data_ptr<float>(), v.data_ptr<float>(), cap, segs, n_heads, d, scale, inv_freq, out);
+      return attend(q, k.data_ptr<float>(), v.data_ptr<float>(), cap, segs, n_heads, d, scale, softcap, inv_freq,
+                    out);
   }
 }
 
-// The segments of a dense read of positions 0..n-1: pieces of one block size each, so that the
-// threads can share them.
-std::vector<Segment> dense_segments(int64_t n, int64_t piece) {
+// The segments of a dense read of positions first..end-1: pieces of one block size each, so
+// that the threads can share them.
+std::vector<Segment> dense_segments(int64_t first, int64_t end, int64_t piece) {
   std::vector<Segment> segs;
-  for (int64_t t = 0; t < n; t += piece) segs.push_back({t, std::min(piece, n - t), 0});
+  for (int64_t t = first; t < end; t += piece) segs.push_back({t, std::min(piece, end - t), 0});
   return segs;
 }
 
@@ -455,6 +492,18 @@ class DecoderStack {
         l.k_norm = spec["k_norm"].cast<at::Tensor>().contiguous();
         TORCH_CHECK(l.q_norm.numel() == head_dim && l.k_norm.numel() == head_dim, "q/k norms must be [D]");
       }
+      if (spec.contains("attn_out_norm")) {
+        l.attn_out_norm = spec["attn_out_norm"].cast<at::Tensor>().contiguous();
+        l.mlp_out_norm = spec["mlp_out_norm"].cast<at::Tensor>().contiguous();
+        TORCH_CHECK(l.attn_out_norm.numel() == hidden && l.mlp_out_norm.numel() == hidden,
+                    "output norms must be [hidden]");
+      }
+      for (const at::Tensor* t : {&l.norm_in, &l.norm_post, &l.q_norm, &l.k_norm, &l.attn_out_norm, &l.mlp_out_norm})
+        TORCH_CHECK(!t->defined() || t->scalar_type() == at::kFloat, "norm weights must be fp32");
+      if (spec.contains("q_scale")) l.q_scale = static_cast<float>(spec["q_scale"].cast<double>());
+      if (spec.contains("act")) l.act = spec["act"].cast<int64_t>();
+      if (spec.contains("torch_norms")) l.torch_norms = spec["torch_norms"].cast<bool>();
+      TORCH_CHECK(l.act == SILU || l.act == GELU_TANH, "act must be SILU (0) or GELU_TANH (1)");
       l.qkv = make_group(spec, "qkv", {"q", "k", "v"}, {q, kv, kv}, hidden);
       l.o = make_linear(spec["o"].cast<py::tuple>(), n_heads * head_dim, hidden);
       l.gate_up = make_group(spec, "gate_up", {"gate", "up"}, {intermediate, intermediate}, hidden);
@@ -463,7 +512,10 @@ class DecoderStack {
     }
   }
 
-  // See DecoderStep.step in decoder_step.py. Returns (-1, [], shared) when every layer ran, or
+  // See DecoderStep.step in decoder_step.py. cos, sin: [D] or [kinds, D], the angles of `pos` of
+  // each kind of layer (row 0: the global layers', row 1: the windowed layers'); windows: per
+  // layer, the sliding window (<= 0: none), or empty; softcap: of the attention logits (<= 0:
+  // none). Returns (-1, [], shared) when every layer ran, or
   // (layer, blocks, shared) when `layer` selected blocks that `absent` marks as not in the
   // stores yet: x is then as that layer found it; load the blocks and call again from it,
   // passing `shared` back.
@@ -471,7 +523,8 @@ class DecoderStack {
       at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
       const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
-      std::vector<int64_t> settings, int64_t first_layer, std::vector<int64_t> shared_in) const {
+      std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, int64_t first_layer,
+      std::vector<int64_t> shared_in) const {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
     const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
@@ -479,6 +532,13 @@ class DecoderStack {
                 "int8 K/V: one K and V scale store per layer");
     TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
     const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
+    TORCH_CHECK(windows.empty() || windows.size() == layers_.size(), "windows: one per layer, or none");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                    sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && cos.size(-1) == d_ &&
+                    (cos.dim() == 1 || (cos.dim() == 2 && (cos.size(0) == 1 || cos.size(0) == 2))),
+                "cos, sin must be contiguous fp32 [D] or [1 or 2, D]");
+    const int64_t angle_rows = cos.dim() == 1 ? 1 : cos.size(0);
+    const float logit_cap = static_cast<float>(softcap);
     const bool sparse = pos >= s.sparse_from;
     if (sparse) {
       TORCH_CHECK(summaries.is_contiguous() && summaries.scalar_type() == at::kFloat && summaries.dim() == 5 &&
@@ -495,8 +555,6 @@ class DecoderStack {
     std::vector<float> q0(static_cast<size_t>(n_heads_ * d_)), attn(static_cast<size_t>(n_heads_ * d_));
     std::vector<float> gu(static_cast<size_t>(2 * inter_)), delta(static_cast<size_t>(hidden_));
     float* xs = x.data_ptr<float>();
-    const float* c = cos.data_ptr<float>();
-    const float* sn = sin.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     Selection shared;
     bool have_shared = false;
@@ -507,6 +565,11 @@ class DecoderStack {
     }
     for (size_t li = static_cast<size_t>(first_layer); li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
+      const int64_t window = windows.empty() ? 0 : windows[li];
+      // a windowed layer's angles: the second row where there is one (Gemma 3's local base)
+      const int64_t angles = window > 0 && angle_rows > 1 ? d_ : 0;
+      const float* c = cos.data_ptr<float>() + angles;
+      const float* sn = sin.data_ptr<float>() + angles;
       const at::Tensor& ks = keys[li];
       const at::Tensor& vs = values[li];
       const int64_t cap = ks.size(1);
@@ -522,16 +585,17 @@ class DecoderStack {
                           t->size(0) == n_kv_heads_ && t->size(1) == cap,
                       "int8 K/V scales must be contiguous fp32 [Hkv, cap]");
       }
-      rms_norm(xs, l.norm_in.data_ptr<float>(), h.data(), hidden_, eps_);
+      norm(l, xs, l.norm_in, h.data(), 1, hidden_);
       l.qkv.apply(h.data(), qkv.data());
       float* q = qkv.data();
       float* k = q + n_heads_ * d_;
       float* v = k + n_kv_heads_ * d_;
       if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
-        for (int64_t hd = 0; hd < n_heads_; ++hd) rms_norm(q + hd * d_, l.q_norm.data_ptr<float>(), q + hd * d_, d_, eps_);
-        for (int64_t hd = 0; hd < n_kv_heads_; ++hd)
-          rms_norm(k + hd * d_, l.k_norm.data_ptr<float>(), k + hd * d_, d_, eps_);
+        norm(l, q, l.q_norm, q, n_heads_, d_);
+        norm(l, k, l.k_norm, k, n_kv_heads_, d_);
       }
+      if (l.q_scale != 1.f)
+        for (int64_t i = 0; i < n_heads_ * d_; ++i) q[i] *= l.q_scale;
       std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
       rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
       if (int8) {
@@ -544,10 +608,11 @@ class DecoderStack {
       }
       write_token(k, ks, n_kv_heads_, d_, pos);  // attention reads the token back as stored
       write_token(v, vs, n_kv_heads_, d_, pos);
-      if (!sparse) {
+      if (!sparse || window > 0) {  // a windowed layer reads (pos - window, pos] densely, never MSA
+        const int64_t from = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
         const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
-                                                     dense_segments(pos + 1, s.block_size));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+                                                     dense_segments(from, pos + 1, s.block_size));
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data());
       } else {
         const int64_t layer = static_cast<int64_t>(li);
         std::vector<Selection> sel;
@@ -577,23 +642,39 @@ class DecoderStack {
         if (!missing.empty()) return {layer, missing, flatten(shared, have_shared)};
         std::vector<std::vector<Segment>> segs;
         for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, inv_freq_.data_ptr<double>(), attn.data());
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data());
       }
       l.o.apply(attn.data(), delta.data());
+      if (l.attn_out_norm.defined()) norm(l, delta.data(), l.attn_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
-      rms_norm(xs, l.norm_post.data_ptr<float>(), h.data(), hidden_, eps_);
+      norm(l, xs, l.norm_post, h.data(), 1, hidden_);
       l.gate_up.apply(h.data(), gu.data());
-      for (int64_t i = 0; i < inter_; ++i) {
-        const float gate = gu[i];
-        gu[i] = gate / (1.f + std::exp(-gate)) * gu[inter_ + i];
+      if (l.act == GELU_TANH && l.torch_norms) {  // PyTorch's GELU kernel, as the per-op path
+        at::Tensor gate = at::from_blob(gu.data(), {1, inter_}, at::kFloat);
+        at::Tensor up = at::from_blob(gu.data() + inter_, {1, inter_}, at::kFloat);
+        at::mul_out(gate, at::gelu(gate, "tanh"), up);
+      } else if (l.act == GELU_TANH) {
+        for (int64_t i = 0; i < inter_; ++i) gu[i] = gelu_tanh(gu[i]) * gu[inter_ + i];
+      } else {
+        for (int64_t i = 0; i < inter_; ++i) {
+          const float gate = gu[i];
+          gu[i] = gate / (1.f + std::exp(-gate)) * gu[inter_ + i];
+        }
       }
       l.down.apply(gu.data(), delta.data());
+      if (l.mlp_out_norm.defined()) norm(l, delta.data(), l.mlp_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
     }
     return {-1, {}, flatten(shared, have_shared)};
   }
 
  private:
+  // `rows` rows of n through a layer's RMSNorm of weight w [n] (in place where y == x)
+  void norm(const Layer& l, const float* x, const at::Tensor& w, float* y, int64_t rows, int64_t n) const {
+    if (l.torch_norms) return rms_norm_as_torch(x, w.data_ptr<float>(), y, rows, n, eps_);
+    for (int64_t row = 0; row < rows; ++row) rms_norm(x + row * n, w.data_ptr<float>(), y + row * n, n, eps_);
+  }
+
   static std::vector<int64_t> flatten(const Selection& shared, bool have) {
     if (!have) return {};
     std::vector<int64_t> out{shared.n_far};
