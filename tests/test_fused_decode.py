@@ -83,7 +83,7 @@ def count_kernel_steps(monkeypatch) -> list[int]:
 @pytest.mark.parametrize(
     "settings", SETTINGS, ids=["dense", "auto", "msa-per-layer", "msa-true-distance"]
 )
-def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
+def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch, request):
     runs = count_kernel_steps(monkeypatch)
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 150, 40)
     assert runs == list(range(150, 190))  # the fused forwards ran the kernel, the others did not
@@ -91,10 +91,14 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch):
     # way) and differ only in the order of float sums: measured at most 3.1e-7 of the largest
     # logit and 3e-7 on keys and values of about 0.3 standard deviation, fp32 and int4 alike
     # (int4's logits were equal). The bound is ~30x that: room for float rounding on another
-    # CPU, none for a wrong position, block or scale.
+    # CPU, none for a wrong position, block or scale. int4 products round their inputs to bf16,
+    # where a last-bit difference of an fp32 sum can move an input one bf16 step (2**-8 of it):
+    # on an AMX Xeon the logits then differed by 2.6e-5 of the largest, so int4's logits get
+    # ten times the room (K/V, computed before any such rounding compounds, keep the bound).
     tol = 1e-5
     scale = per_op.abs().max()
-    assert_close(fused, per_op, atol=tol * float(scale), what="logits")
+    logit_tol = tol * (10 if request.node.callspec.params["model"] == "int4" else 1)
+    assert_close(fused, per_op, atol=logit_tol * float(scale), what="logits")
     assert fused_cache.length == per_op_cache.length == 190
     for layer in range(model.config.num_hidden_layers):
         assert_close(
