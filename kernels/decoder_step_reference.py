@@ -117,10 +117,12 @@ def decoder_step_reference(
                 or settings.selection_layer is None
                 or layer <= settings.selection_layer
             ):
-                chosen = _msa_choice(q0, summaries[layer], pos, settings)
+                # one set for every KV head, taken from the heads' choices in turn, in every
+                # layer that selects; the selection layer's is read by the layers after it
+                joined = _share(_msa_choice(q0, summaries[layer], pos, settings), settings)
+                chosen = [joined] * n_kv_heads
                 if layer == settings.selection_layer:
-                    shared = _share(chosen, settings)
-                    chosen = [shared] * n_kv_heads
+                    shared = joined
             else:
                 chosen = [shared] * n_kv_heads
             keys_of, k_read = [], []

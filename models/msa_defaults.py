@@ -1,16 +1,17 @@
-"""MSA's per-model choices: the layer whose blocks the later layers share, and how many blocks a
-query selects. A settings value left as the model's (`AttentionSettings`: topk None,
-selection_layer MODEL) takes these.
+"""MSA's per-model choices: how many blocks a query selects, and whether one layer's choice is
+shared with the layers after it. A settings value left as the model's (`AttentionSettings`:
+topk None, selection_layer MODEL) takes these.
 
 Two sources, in order:
 - a calibration measured on the model (`msa calibrate`, msa.engine.calibration): for needles
-  planted in a long document, the layer whose block scores put the needles' blocks in the shared
-  selection most often, and the fewest blocks that keep that recall; stored as JSON in msa's cache,
-  keyed by the weights' digest, read when the model is loaded;
-- otherwise a rule: the layer a sixth of the way down (the embedded 30-layer model's measured
-  best is layer 5: its early-middle layers rank a needle's block near the top, the late ones
-  low), 8 blocks. A model of fewer than 12 layers has no early layers to share from: each of
-  its layers selects its own blocks.
+  planted in a long document, the fewest blocks with which the layers' selections hold the
+  needles' blocks at the query that starts to answer; stored as JSON in msa's cache, keyed by
+  the weights' digest, read when the model is loaded;
+- otherwise a rule: 24 blocks (1,536 tokens of 64; MiniMax-M3's trained indexer reads 2,048).
+Either way every layer chooses its own blocks (selection layer None), one set for all its KV
+heads. Sharing the choice of a layer a sixth of the way down, the rule before, lost prose needles
+that dense attention finds, on both models measured (README, "Attention: MSA"): that layer ranks
+a needle's block low at the token that must copy it, the later layers that read it rank it high.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from .atomic_write import write_atomically
 from .errors import ModelError
 
-RULE_TOPK = 8
-CALIBRATION_VERSION = 1
+RULE_TOPK = 24
+CALIBRATION_VERSION = 2  # 1: a shared selection layer, measured at the answer's first token
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,13 @@ class MsaDefaults:
     source: str = "rule"  # "rule", or "calibration" (measured on this model)
 
 
-SHARING_MIN_LAYERS = 12
-
-
 def rule(config) -> MsaDefaults:
     """The defaults of a model never calibrated: from its depth alone."""
     return rule_for_depth(config.num_hidden_layers)
 
 
 def rule_for_depth(n_layers: int) -> MsaDefaults:
-    layer = n_layers // 6 if n_layers >= SHARING_MIN_LAYERS else None
-    return MsaDefaults(layer, RULE_TOPK)
+    return MsaDefaults(None, RULE_TOPK)
 
 
 def calibration_path(folder: Path, digest: str) -> Path:

@@ -187,8 +187,12 @@ MSA_CASES = [
 def test_msa_step_matches_reference(extension, kind, settings, pos):
     sums = summaries(2, settings.block_size)
     actual, expected, (fk, _), (keys, _) = run_both(extension, kind, 6, 2, pos, settings, sums)
-    assert_close(actual, expected, **TOL, what=f"hidden state, {settings}")
-    assert_close(fk[-1], keys[-1], **TOL, what="keys of the last layer")
+    # int4 products round their input to bf16: where the two attentions' sums (same blocks,
+    # another order) sit either side of a bf16 rounding boundary, an output moves one bf16 step
+    # (2**-7 at 1-2; seen at 103 with far blocks at true distances); a wrong block, far more.
+    tol = TOL if kind == ds.FP32 else dict(atol=1e-2, rtol=1e-2)
+    assert_close(actual, expected, **tol, what=f"hidden state, {settings}")
+    assert_close(fk[-1], keys[-1], **tol, what="keys of the last layer")
 
 
 def test_msa_ties_go_to_the_lower_block(extension):

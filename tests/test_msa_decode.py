@@ -113,10 +113,12 @@ def test_one_query_path_equals_the_general_path(n_tokens, heads, kv_heads, setti
     qf = cache.score_frame(q, n_tokens - 1).view(kv_heads, heads // kv_heads, 16)
     summaries = cache.block_summaries(0, n_tokens, by_content=True)
     idx, n_far, n_used, _ = decode_select(qf, summaries, n_tokens, cache.plan, 16)
-    assert torch.equal(idx, want_idx[:, 0])
+    assert torch.equal(idx, want_idx[:, 0])  # each head's own choice, as the general path's
     assert n_used == int((idx[0] >= 0).sum()) and n_far == int(
         ((idx[0] >= 0) & (idx[0] < (n_tokens - 1) // 16 - settings["local_blocks"] + 1)).sum()
     )
+    # every KV head reads one set: the heads' choices taken in turn
+    _, want = _reference_general(q, cache, rope, n_tokens, idx=_joined(q, cache, 0, n_tokens))
     got = _decode(q, cache, 0, n_tokens - 1, rope)
     # fp32: only the order of summation differs (scores, the rotated query instead of rotated keys)
     assert_close(got, want, atol=1e-5, what="one-query path vs general path")
@@ -129,14 +131,7 @@ def test_one_query_path_equals_the_reference_of_bounded_positions():
     q_pre = torch.randn(6, 1, 16)
     qcos, qsin = rope.cos_sin(torch.tensor([332]))
     q = apply_rope(q_pre, qcos, qsin)
-    idx = msa._select(
-        cache.score_frame(q, 332),
-        332,
-        cache.block_summaries(0, 333, by_content=True),
-        cache.plan,
-        16,
-    )
-    want = _repositioned_reference(q_pre, k_pre, v, idx, 332, 16, 2, rope)
+    want = _repositioned_reference(q_pre, k_pre, v, _joined(q, cache, 0, 333), 332, 16, 2, rope)
     assert_close(
         _decode(q, cache, 0, 332, rope), want, atol=1e-4, what="one-query path vs reference"
     )
@@ -192,7 +187,7 @@ def test_partial_rope_and_bf16_cache():
     )
     cache.write(0, keys, v.bfloat16())
     q = torch.randn(6, 1, d).bfloat16()
-    want_idx, want = _reference_general(q, cache, rope, 290)
+    _, want = _reference_general(q, cache, rope, 290, idx=_joined(q, cache, 0, 290))
     got = _decode(q, cache, 0, 289, rope)
     assert got.dtype == torch.bfloat16
     assert_close(
@@ -212,10 +207,7 @@ def test_restored_blocks_are_read_only_when_selected():
         restored.import_block(b, cache.export_block(b))
     q = torch.randn(6, 1, 16)
     got = _decode(q, restored, 0, n - 1, rope)
-    qf = cache.score_frame(q, n - 1).view(2, 3, 16)
-    idx, _, _, _ = decode_select(
-        qf, cache.block_summaries(0, n, by_content=True), n, cache.plan, 16
-    )
+    idx = _joined(q, cache, 0, n)
     assert restored.unread_blocks == n // 16 - len(idx.unique())  # sink, top 2 and local of 20
     assert torch.equal(got, _decode(q, cache, 0, n - 1, rope))
 
@@ -235,6 +227,22 @@ def _taken_in_turn(q, cache, layer, n, topk, sink, local):
             if head[rank] not in taken and len(taken) < topk:
                 taken.append(head[rank])
     return sorted(taken)
+
+
+def _joined(q, cache, layer, n):
+    """The reference of the one set of blocks [Hkv, 1, W] every KV head of a decode step reads
+    in a layer that selects: the sink, the heads' best far blocks taken in turn, the local
+    window (every candidate where there are at most top-k)."""
+    s, hkv = cache.plan, cache.n_kv_heads
+    last = (n - 1) // 16
+    local_start = max(0, last - s.local_blocks + 1)
+    sink_end = min(s.sink_blocks, local_start)
+    if local_start - sink_end <= s.topk:
+        row = list(range(last + 1))
+    else:
+        far = _taken_in_turn(q, cache, layer, n, s.topk, sink_end, s.local_blocks)
+        row = [*range(sink_end), *far, *range(local_start, last + 1)]
+    return torch.tensor(row, dtype=torch.int32).expand(hkv, -1)[:, None]
 
 
 def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
@@ -258,7 +266,7 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
     step = ForwardContext.open(cache, rope, n - 1, 1)  # one decode step through the layers
     for layer, q in enumerate(queries):
         _, want = _reference_general(
-            q, cache, rope, n, layer, idx=own[0][:, None] if layer == 0 else shared
+            q, cache, rope, n, layer, idx=_joined(q, cache, 0, n) if layer == 0 else shared
         )
         assert_close(
             _decode(q, cache, layer, n - 1, rope, step), want, atol=1e-5, what=f"layer {layer}"
@@ -293,22 +301,25 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
         )
         for layer, q in enumerate(queries)
     ]  # [Hkv, 2, sink + topk + local]
-    rows = [torch.unique(own[1][:, j][own[1][:, j] >= 0]) for j in range(2)]
-    union = torch.full((2, 2, max(map(len, rows))), -1, dtype=own[1].dtype)
-    for j, row in enumerate(rows):
-        union[:, j, : len(row)] = row
+    union = [_union(idx) for idx in own]  # what a question's chunk reads in a selecting layer
     for layer, q in enumerate(queries):
-        shared = in_question and layer >= 1
-        idx = union if shared else own[layer]
+        idx = union[min(layer, 1)] if in_question else own[layer]
         want = msa._sparse_repositioned(
             q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.plan, 16, rope
         )
         got = attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], chunk, layer)
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")
-    assert union.shape[-1] > own[1].shape[-1]  # the heads chose differently
-    assert not torch.equal(
-        own[2], union[..., : own[2].shape[-1]]
-    )  # layer 2 alone would choose otherwise
+    assert union[1].shape[-1] > own[1].shape[-1]  # the heads chose differently
+    assert not torch.equal(union[2], union[1])  # layer 2 alone would choose otherwise
+
+
+def _union(idx):
+    """[Hkv, nq, K] -> each query block's blocks chosen by any head, for every head, -1 padded."""
+    rows = [torch.unique(idx[:, j][idx[:, j] >= 0]) for j in range(idx.shape[1])]
+    out = torch.full((idx.shape[0], len(rows), max(map(len, rows))), -1, dtype=idx.dtype)
+    for j, row in enumerate(rows):
+        out[:, j, : len(row)] = row
+    return out
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

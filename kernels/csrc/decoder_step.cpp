@@ -626,10 +626,13 @@ class DecoderStack {
             for (int64_t kvh = first; kvh < last; ++kvh)
               sel[kvh] = select_head(q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, pos, s);
           });
+          // one set for every KV head, the heads' choices taken in turn, in every selecting
+          // layer; the selection layer's is read by the layers after it
+          const Selection joined = share_by_heads(sel, s);
+          sel.assign(static_cast<size_t>(n_kv_heads_), joined);
           if (layer == s.selection_layer) {
-            shared = share_by_heads(sel, s);
+            shared = joined;
             have_shared = true;
-            sel.assign(static_cast<size_t>(n_kv_heads_), shared);
           }
         }
         std::vector<int64_t> missing;

@@ -1,16 +1,17 @@
-"""`msa calibrate`: measure, on the model itself, which layer's block choice the later layers
-should share and how many blocks a step should select (msa.models.msa_defaults).
+"""`msa calibrate`: measure, on the model itself, how many blocks a step should select
+(msa.models.msa_defaults).
 
 A document of prose (the shipped book, or the user's) is planted with `needles` key-value
 sentences at evenly spread depths and read once, densely. Then each key is asked about, in turn,
-after the document; for the query that picks the answer's first token, every layer scores the
-blocks as a decode step does and each KV head ranks them. A needle is found at a layer with
-top-k k when its value's block is among the k blocks one shared selection takes from the heads
-in turn (what the layers after the selection layer read), and, for comparison, when any head
-picks it on its own. The selection layer is the global layer that finds the most needles at the
-rule's top-k (the earliest of equals: more layers then share); top-k is the smallest of
-TOPKS that finds within one needle of the most any of them finds there (a larger top-k costs
-every decode step more reading).
+after the document, with the start of the answer written for the model ("The special magic
+number for KEY mentioned in the provided text is", RULER's answer prefix); for the query that
+picks the value's first token (where the model must read the needle), every global layer
+scores the blocks as a decode step does and makes the one set its KV heads read (their best
+blocks taken in turn). A needle is found at a layer with top-k k when its value's block is in
+that set. Top-k is the smallest of TOPKS whose share of needles found, averaged over the global
+layers, is within one needle of the most any of them finds (a larger top-k costs every step
+more reading). Every layer chooses its own blocks (selection layer None): sharing one layer's
+choice with the later layers lost prose needles on both models measured (README).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from msa.models.attention_settings import AttentionSettings
 from msa.models.errors import InputError
 from msa.models.msa_decode import heads_in_turn, ranked_blocks
-from msa.models.msa_defaults import RULE_TOPK, MsaDefaults
+from msa.models.msa_defaults import MsaDefaults
 
 from .evals.haystack import Prose, word_pool
 from .evals.needles import NEEDLE, place, random_value
@@ -32,8 +33,9 @@ from .evals.sizing import fit_units
 from .generate import prefill
 from .prompt import build_prompt
 
-TOPKS = (4, 8, 16, 32)
+TOPKS = (8, 16, 24, 32)
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
+ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
 
 
 @dataclass
@@ -46,8 +48,7 @@ class Needle:
 @dataclass
 class Calibration:
     defaults: MsaDefaults
-    shared: list[dict[int, float]]  # per layer: top-k -> share of needles found
-    own: list[float]  # per layer: found by some head's own top-k at the rule's top-k
+    found: list[dict[int, float]]  # per layer: top-k -> share of needles found
     global_layers: list[int]
     length: int  # the document's prompt tokens
     needles: int
@@ -59,8 +60,7 @@ class Calibration:
             "length": self.length,
             "needles": self.needles,
             "seconds": round(self.seconds, 1),
-            "shared": [{str(k): r for k, r in row.items()} for row in self.shared],
-            "own": self.own,
+            "found": [{str(k): r for k, r in row.items()} for row in self.found],
         }
 
 
@@ -98,9 +98,9 @@ def calibrate(loaded, prose: Prose, *, length: int, needles: int, seed: int = 0,
     if on_step:
         on_step(1, needles + 1)
     found = torch.zeros(n_layers, len(TOPKS))
-    own = torch.zeros(n_layers)
     for i, n in enumerate(planted):
         tail = build_prompt(tok, "", QUESTION.format(key=n.key)).tail
+        tail = tail + tok.encode(ANSWER_PREFIX.format(key=n.key))
         ranks: dict[int, torch.Tensor] = {}
 
         def observe(cache, layer, q, q_start, ranks=ranks):
@@ -114,15 +114,13 @@ def calibrate(loaded, prose: Prose, *, length: int, needles: int, seed: int = 0,
         for layer, ranked in ranks.items():
             for j, k in enumerate(TOPKS):
                 found[layer, j] += k > deepest or n.block in heads_in_turn(ranked, k)
-            own[layer] += bool((ranked[:, :RULE_TOPK] == n.block).any())
         if on_step:
             on_step(i + 2, needles + 1)
-    found, own = found / needles, own / needles
+    found = found / needles
     defaults = _choose(found, global_layers, needles, deepest)
     return Calibration(
         defaults,
         [{k: round(float(found[i, j]), 3) for j, k in enumerate(TOPKS)} for i in range(n_layers)],
-        [round(float(x), 3) for x in own],
         global_layers,
         len(context),
         needles,
@@ -131,15 +129,14 @@ def calibrate(loaded, prose: Prose, *, length: int, needles: int, seed: int = 0,
 
 
 def _choose(found: torch.Tensor, global_layers: list[int], needles: int, deepest: int):
-    """The selection layer (the most needles found at the rule's top-k, the earliest of equals)
-    and the smallest top-k within one needle of the most found there by any ranked top-k (a
+    """Every layer choosing its own blocks, with the smallest top-k whose share of needles found,
+    averaged over the global layers, is within one needle of the most any ranked top-k finds (a
     top-k past `deepest` reads every block: no choice)."""
-    at_rule = TOPKS.index(RULE_TOPK)
-    layer = max(global_layers, key=lambda i: (float(found[i, at_rule]), -i))
-    ranked = [(k, float(found[layer, j])) for j, k in enumerate(TOPKS) if k <= deepest]
+    mean = found[global_layers].mean(dim=0)
+    ranked = [(k, float(mean[j])) for j, k in enumerate(TOPKS) if k <= deepest]
     best = max(share for _, share in ranked)
     topk = next(k for k, share in ranked if share >= best - 1 / needles)
-    return MsaDefaults(layer, topk, "calibration")
+    return MsaDefaults(None, topk, "calibration")
 
 
 def _document(tok, prose: Prose, planted: list[Needle], length: int):
@@ -163,12 +160,10 @@ def _document(tok, prose: Prose, planted: list[Needle], length: int):
 
 
 def summary_rows(result: Calibration) -> list[dict]:
-    """One row per layer: the share of needles found by a shared selection at each top-k, and by
-    the heads' own choices at the rule's top-k."""
+    """One row per layer: the share of needles the layer's one set of blocks holds at each
+    top-k; local (sliding-window) layers never select."""
     rows = []
-    for layer, (shared, own) in enumerate(zip(result.shared, result.own)):
-        chosen = "<- selection layer" if layer == result.defaults.selection_layer else ""
+    for layer, found in enumerate(result.found):
         local = "" if layer in result.global_layers else "local (sliding window)"
-        row = {"layer": layer, **{f"shared@{k}": shared.get(k, 0.0) for k in TOPKS}}
-        rows.append({**row, f"own@{RULE_TOPK}": own, "": chosen or local})
+        rows.append({"layer": layer, **{f"found@{k}": found.get(k, 0.0) for k in TOPKS}, "": local})
     return rows
