@@ -29,15 +29,14 @@ class AttentionSettings:
     key, README): bounded distances answer better than true ones even inside its trained
     context, so the default is 0 (always); None means the model's trained context.
 
-    `selection_layer`: a decode step (one new token), and a chunk of the question once the
-    caller says where it starts (`Transformer.forward(question_from=...)`), selects its blocks
-    in the layers up to this one; at this layer one set of blocks is made for every KV head
-    (for a chunk, the union of what its heads selected; for a decode step, as many blocks as one
-    head selects, taken from the heads' choices in turn), and the later layers read that set
-    instead of selecting their own (as TidalDecode re-uses one layer's token selection).
-    Measured on the embedded model (README, pass key): the layers around 5-8 rank a needle's
-    block near the top, the late layers rank it low, and with this sharing MSA finds the key
-    where each layer's own selection misses it. None: every layer selects its own. A document's
+    `selection_layer`: in every layer that selects, a decode step (one new token) and a chunk
+    of the question (once the caller says where it starts, `Transformer.forward(
+    question_from=...)`) read one set of blocks for all the layer's KV heads (for a chunk, the
+    union of what its heads selected; for a decode step, as many blocks as one head selects,
+    taken from the heads' choices in turn). With a layer index here, the layers after it read
+    that layer's set instead of selecting their own (as TidalDecode re-uses one layer's token
+    selection); None (every model's default now): each layer selects. Sharing from a layer a
+    sixth of the way down lost prose needles that dense attention finds (README). A document's
     tokens never share, so this setting is not in the cache identity.
 
     `topk` None and `selection_layer` MODEL take the model's own choices (msa_defaults.py: a

@@ -14,8 +14,10 @@ bounded distance, never at its true one; scored at their true distances, a pass 
 back lost to filler (README has the figures).
 
 A single sparse query (a decode step) takes msa_decode.py's path instead, which computes the
-same attention in far fewer operations. A chunk of the question shares the selection layer's
-blocks (the union over its KV heads) with the layers after it, as decode steps do.
+same attention in far fewer operations. A chunk of the question reads, in every layer that
+selects, one set of blocks for all KV heads (the union of what they chose), as decode steps do
+(theirs taken from the heads in turn); a plan's selection layer keeps its set for the layers
+after it.
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ def chunk_attend(
 
 def _chosen(q, q_start, ctx: ForwardContext, layer: int):
     """Selected blocks [Hkv, n_qblocks, K] of a chunk. A document's chunk scores blocks as the keys
-    are stored; a chunk of the question (`ctx.question_from`) scores them by content and reads
-    the selection layer's union over KV heads, which the layers after it read again (msa_decode.py
-    does the same for every decode step)."""
+    are stored, each KV head its own; a chunk of the question (`ctx.question_from`) scores them
+    by content and reads the union over KV heads (a selection layer's is read again by the layers
+    after it; msa_decode.py does the same for every decode step)."""
     n_tokens = q_start + q.shape[1]
     cache, plan = ctx.cache, ctx.plan
     if not ctx.in_question(q_start):

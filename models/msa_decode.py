@@ -13,10 +13,11 @@ queries by block and re-rotates every selected far key (`K * B` keys). For a sin
   counter-rotated once per selected block (K small vectors) instead of rotating its B keys;
 - the query sees every selected token up to itself, so the only mask is the unused slots and
   the unwritten tail of its own block.
-Blocks are scored by content (keys and query rotated back to position 0, msa.py). With
-`settings.selection_layer`, the layers after it skip selection altogether: they read one set of
-blocks for every KV head, taken from the selection layer's heads in turn (kept in the
-forward's context, `ForwardContext.select_shared`, for the step).
+Blocks are scored by content (keys and query rotated back to position 0, msa.py). Every KV
+head of a layer reads one set of blocks, as many as one head selects, taken from the heads'
+choices in turn (`ForwardContext.select_shared`); with `settings.selection_layer`, the layers
+after it skip selection altogether and read that layer's set (kept in the forward's context for
+the step).
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -153,8 +154,7 @@ def _shared_by_heads(idx, n_far, n_chosen, ranked):
     """One selection for every KV head of a decode step, as wide as each head's own: the sink,
     the local window, and `topk` far blocks taken from the heads in turn, best first (every
     head's best block, then every head's second best, ...). The whole union of the heads' choices
-    (what a question chunk shares) would make every later layer read up to Hkv times as many
-    blocks at every step."""
+    (what a question chunk reads) would make every step read up to Hkv times as many blocks."""
     if ranked is None:  # every candidate taken: the heads agree
         return idx, n_far, n_chosen, None
     topk = ranked.shape[1]

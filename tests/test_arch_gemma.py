@@ -133,7 +133,7 @@ def test_verbose_says_why_gemma2_attends_densely_and_that_it_decodes_fused(gemma
         tokenizer=tokenizer,
     )
     line = _model_line(loaded, 0.1, 2, AttentionSettings(mode="msa"))
-    assert f"attention dense ({SOFTCAP_DENSE}), top-k 8" in line
+    assert f"attention dense ({SOFTCAP_DENSE}), top-k 24" in line
     assert "decode in one fused CPU step; prompt: a plain" in line
 
 

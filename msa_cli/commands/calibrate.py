@@ -1,4 +1,4 @@
-"""`msa calibrate`: measure MSA's selection layer and top-k on a model and keep them for it."""
+"""`msa calibrate`: measure MSA's top-k on a model and keep it for it."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ def calibrate(
     json_out: bool = typer.Option(False, "--json", help="Print the per-layer figures as JSON."),
     cache_dir: str | None = CacheDirOption,
 ):
-    """Measure which layer's block choice MSA's later layers share, and how many blocks a step
-    selects, on MODEL itself; `msa ask`, `chat` and `serve` then use them for MODEL (an explicit
-    --topk still wins).
+    """Measure how many blocks MSA selects per step on MODEL itself; `msa ask`, `chat` and
+    `serve` then use it for MODEL (an explicit --topk still wins).
 
     A prose document with needles planted at spread depths is read densely once; for each
-    needle's question, every layer ranks the blocks as a decode step does. The table gives, per
-    layer, the share of needles whose block a shared selection of top-k blocks holds.
+    needle, after its question and the start of the answer, every layer makes its one set of
+    blocks as a decode step does. The table gives, per layer, the share of needles whose block
+    that set holds at each top-k.
     """
     from msa.models.msa_defaults import calibration_path, write_calibration
 
@@ -87,6 +87,6 @@ def calibrate(
     )
     print_rows(summary_rows(result), json_out, title)
     note(
-        f"{loaded.name}: selection layer {d.selection_layer}, top-k {d.topk}; stored in {path} "
-        "and used from now on where --topk is not given"
+        f"{loaded.name}: top-k {d.topk}; stored in {path} and used from now on where --topk "
+        "is not given"
     )

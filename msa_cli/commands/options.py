@@ -94,7 +94,7 @@ TopkOption = typer.Option(
     min=1,
     help="Blocks of the KV cache MSA selects per step, besides the first and the most recent "
     "(more than the blocks there are reads them all). [default: the model's: `msa calibrate` "
-    "measures it, else 8]",
+    "measures it, else 24]",
 )
 BlockSizeOption = typer.Option(
     None,
