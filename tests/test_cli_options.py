@@ -97,7 +97,7 @@ def test_verbose_ask_names_the_model_and_the_answer_figures(embedded, notes):
         f"msa: model smollm2-135m ({embedded.source}), int4 weights, loaded in "
     )
     assert model_line.endswith(
-        "; 2 threads; attention auto, top-k 8, layers after 5 share its blocks (the model's "
+        "; 2 threads; attention auto, top-k 24, each layer selects its own (the model's "
         "rule), block size the model's, 1 local block; fp16 K/V; "
         "decode in one fused CPU step; prompt: the model's chat template"
     )

@@ -91,14 +91,9 @@ def two_kinds_of_angles(pos: int):
     return angles.cos().float(), angles.sin().float()
 
 
-def run_both(extension, layers, pos, settings, *, kv_dtype=torch.float32, angles=None):
-    """(fused x, reference x, fused K/V stores, reference K/V stores) of one step."""
-    keys, values = stores(N_KV_HEADS, dtype=kv_dtype)
-    fk, fv = [k.clone() for k in keys], [v.clone() for v in values]
-    x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
-    cos, sin = angles or two_kinds_of_angles(pos)
-    sums = summaries(N_KV_HEADS, settings.block_size)
-    step = ds.DecoderStep(
+def new_step(extension, layers):
+    """The fused step over `layers` in this file's shapes."""
+    return ds.DecoderStep(
         extension,
         layers,
         hidden=HIDDEN,
@@ -109,6 +104,16 @@ def run_both(extension, layers, pos, settings, *, kv_dtype=torch.float32, angles
         eps=1e-6,
         inv_freq=inv_freq(),
     )
+
+
+def run_both(extension, layers, pos, settings, *, kv_dtype=torch.float32, angles=None):
+    """(fused x, reference x, fused K/V stores, reference K/V stores) of one step."""
+    keys, values = stores(N_KV_HEADS, dtype=kv_dtype)
+    fk, fv = [k.clone() for k in keys], [v.clone() for v in values]
+    x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
+    cos, sin = angles or two_kinds_of_angles(pos)
+    sums = summaries(N_KV_HEADS, settings.block_size)
+    step = new_step(extension, layers)
     expected = decoder_step_reference(
         x,
         layers,
@@ -245,17 +250,7 @@ def test_torch_norms_give_the_per_op_paths_bits(extension):
     for seed in range(3, 13):  # other inputs, the same bits
         x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed))
         keys, values = stores(N_KV_HEADS)
-        step = ds.DecoderStep(
-            extension,
-            layers,
-            hidden=HIDDEN,
-            intermediate=INTER,
-            n_heads=N_HEADS,
-            n_kv_heads=N_KV_HEADS,
-            head_dim=HEAD_DIM,
-            eps=1e-6,
-            inv_freq=inv_freq(),
-        )
+        step = new_step(extension, layers)
         step.step(x.clone(), keys, values, 103, *two_kinds_of_angles(103), DENSE)
         xr = x[None] * torch.rsqrt(x[None].pow(2).mean(-1, keepdim=True) + 1e-6)
         h = (xr * layers[0]["norm_in"])[0]
