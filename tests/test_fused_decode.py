@@ -119,6 +119,30 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch, request
 STORED_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}
 
 
+def assert_stored_kv_agree(
+    fused_cache, per_op_cache, kv_dtype, first, end, *, scale_tol=1e-6, floor=1e-30
+):
+    """The K/V the two paths stored at positions first..end-1: every value the same or one step
+    of the stores' grid apart (int8: the codes, with scales within `scale_tol` of the largest;
+    `floor` added to a 16-bit step), and almost all the same."""
+    for layer in range(fused_cache.n_layers):
+        for name in ("k", "v"):
+            a = getattr(fused_cache, name)[layer][:, first:end].float()
+            b = getattr(per_op_cache, name)[layer][:, first:end].float()
+            if kv_dtype == "int8":  # compare the codes: a scale's last bit moves every value
+                scale_a, scale_b = (
+                    getattr(c, f"{name}_scale")[layer][:, first:end]
+                    for c in (fused_cache, per_op_cache)
+                )
+                assert_close(scale_a, scale_b, atol=scale_tol * float(scale_b.max()), what="scales")
+                a, b = requantize_rows(a, scale_a).float(), requantize_rows(b, scale_b).float()
+                step = torch.ones(())
+            else:
+                step = b.abs() * STORED_STEP[kv_dtype] + floor
+            assert torch.all((a - b).abs() <= step), f"{name} of layer {layer}"
+            assert (a == b).float().mean() > 0.98, f"{name} of layer {layer}"
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "int8"])
 def test_fused_steps_read_and_write_16_bit_and_int8_kv(model, kv_dtype, monkeypatch):
     """fp16 and bf16 stores, and int8 K/V, are read and written by the fused step itself (no
@@ -133,22 +157,7 @@ def test_fused_steps_read_and_write_16_bit_and_int8_kv(model, kv_dtype, monkeypa
     # The two paths' fp32 K/V differ by float rounding (3e-7, the fp32 test); rounded to the
     # stores' grid, a value near a rounding boundary may land one step apart. Every stored value
     # is the same or one step apart, and almost all are the same.
-    for layer in range(model.config.num_hidden_layers):
-        for name in ("k", "v"):
-            a = getattr(fused_cache, name)[layer][:, 150:170].float()
-            b = getattr(per_op_cache, name)[layer][:, 150:170].float()
-            if kv_dtype == "int8":  # compare the codes: a scale's last bit moves every value
-                scale_a, scale_b = (
-                    getattr(c, f"{name}_scale")[layer][:, 150:170]
-                    for c in (fused_cache, per_op_cache)
-                )
-                assert_close(scale_a, scale_b, atol=1e-6 * float(scale_b.max()), what="scales")
-                a, b = requantize_rows(a, scale_a).float(), requantize_rows(b, scale_b).float()
-                step = torch.ones(())
-            else:
-                step = b.abs() * STORED_STEP[kv_dtype] + 1e-30
-            assert torch.all((a - b).abs() <= step), f"{name} of layer {layer}"
-            assert (a == b).float().mean() > 0.98, f"{name} of layer {layer}"
+    assert_stored_kv_agree(fused_cache, per_op_cache, kv_dtype, 150, 170)
     # one step apart here and there moves the logits by less than that step does
     assert_close(fused, per_op, atol=1e-2 * float(per_op.abs().max()), what="logits")
 

@@ -11,14 +11,18 @@ import dataclasses
 import pytest
 import torch
 from conftest import assert_close
-from test_fused_decode import _decode_both, _prefilled, count_kernel_steps
+from test_fused_decode import (
+    _decode_both,
+    _prefilled,
+    assert_stored_kv_agree,
+    count_kernel_steps,
+)
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.family_configs import MistralConfig
 from msa.models.fuse import fuse_projections
 from msa.models.gemma import Gemma2, Gemma3
 from msa.models.gemma_config import GLOBAL, LOCAL, Gemma2Config, Gemma3Config
-from msa.models.kv_int8 import requantize_rows
 from msa.models.llama import Transformer
 from msa.models.quantize import quantize_model
 
@@ -135,23 +139,11 @@ def test_fp16_and_int8_kv(model, settings, kv_dtype, monkeypatch):
     chosen = AttentionSettings(mode=settings, topk=2, kv_dtype=kv_dtype)
     fused, per_op, fused_cache, per_op_cache = _decode_both(model, chosen, 150, 20)
     assert runs == list(range(150, 170))
-    for layer in range(model.config.num_hidden_layers):
-        for name in ("k", "v"):
-            a = getattr(fused_cache, name)[layer][:, 150:170].float()
-            b = getattr(per_op_cache, name)[layer][:, 150:170].float()
-            if kv_dtype == "int8":
-                scale_a, scale_b = (
-                    getattr(c, f"{name}_scale")[layer][:, 150:170]
-                    for c in (fused_cache, per_op_cache)
-                )
-                assert_close(scale_a, scale_b, atol=1e-5 * float(scale_b.max()), what="scales")
-                a, b = requantize_rows(a, scale_a).float(), requantize_rows(b, scale_b).float()
-                step = torch.ones(())
-            else:
-                assert fused_cache.k[0].dtype == torch.float16
-                step = b.abs() * 2.0**-10 + 1e-5
-            assert torch.all((a - b).abs() <= step), f"{name} of layer {layer}"
-            assert (a == b).float().mean() > 0.98, f"{name} of layer {layer}"
+    if kv_dtype != "int8":
+        assert fused_cache.k[0].dtype == torch.float16
+    assert_stored_kv_agree(
+        fused_cache, per_op_cache, kv_dtype, 150, 170, scale_tol=1e-5, floor=1e-5
+    )
     assert_close(fused, per_op, atol=1e-2 * float(per_op.abs().max()), what="logits")
 
 

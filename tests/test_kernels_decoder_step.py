@@ -81,6 +81,21 @@ def summaries(n_kv_heads: int, block_size: int, seed: int = 2):
     return torch.stack([pair.amin(3), pair.amax(3)], dim=3).contiguous()
 
 
+def new_step(extension, layers, n_heads, n_kv_heads, eps=1e-5):
+    """The fused step over `layers` in this file's shapes."""
+    return ds.DecoderStep(
+        extension,
+        layers,
+        hidden=HIDDEN,
+        intermediate=INTER,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=HEAD_DIM,
+        eps=eps,
+        inv_freq=inv_freq(),
+    )
+
+
 def run_both(
     extension,
     kind,
@@ -94,23 +109,17 @@ def run_both(
     fused_stores=None,
     layers=None,
     kv_dtype=torch.float32,
+    angles=None,
+    eps=1e-5,
 ):
+    """(fused x, reference x, fused K/V stores, reference K/V stores) of one step at `pos`;
+    `angles`: its cos, sin ([D], or [2, D] for two kinds of layers; None: `angles_of(pos)`)."""
     layers = layers or make_layers(kind, n_heads, n_kv_heads)
     keys, values = stores(n_kv_heads, dtype=kv_dtype)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
     x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
-    cos, sin = angles_of(pos)
-    step = ds.DecoderStep(
-        extension,
-        layers,
-        hidden=HIDDEN,
-        intermediate=INTER,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=HEAD_DIM,
-        eps=1e-5,
-        inv_freq=inv_freq(),
-    )
+    cos, sin = angles or angles_of(pos)
+    step = new_step(extension, layers, n_heads, n_kv_heads, eps)
     expected = decoder_step_reference(
         x,
         layers,
@@ -121,7 +130,7 @@ def run_both(
         sin,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
-        eps=1e-5,
+        eps=eps,
         settings=settings,
         summaries=sums,
         inv_freq=inv_freq(),

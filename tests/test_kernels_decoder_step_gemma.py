@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import test_kernels_decoder_step as base
 import torch
 from test_kernels_decoder_step import (
     CAP,
@@ -27,7 +28,6 @@ from tiny_checkpoints import gguf_blocks
 
 from msa.kernels import decoder_step as ds
 from msa.kernels import ggml_blocks
-from msa.kernels.decoder_step_reference import decoder_step_reference
 from msa.kernels.testing import assert_close
 
 N_HEADS, N_KV_HEADS = 6, 2
@@ -91,46 +91,22 @@ def two_kinds_of_angles(pos: int):
     return angles.cos().float(), angles.sin().float()
 
 
-def new_step(extension, layers):
-    """The fused step over `layers` in this file's shapes."""
-    return ds.DecoderStep(
-        extension,
-        layers,
-        hidden=HIDDEN,
-        intermediate=INTER,
-        n_heads=N_HEADS,
-        n_kv_heads=N_KV_HEADS,
-        head_dim=HEAD_DIM,
-        eps=1e-6,
-        inv_freq=inv_freq(),
-    )
-
-
 def run_both(extension, layers, pos, settings, *, kv_dtype=torch.float32, angles=None):
-    """(fused x, reference x, fused K/V stores, reference K/V stores) of one step."""
-    keys, values = stores(N_KV_HEADS, dtype=kv_dtype)
-    fk, fv = [k.clone() for k in keys], [v.clone() for v in values]
-    x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(3))
-    cos, sin = angles or two_kinds_of_angles(pos)
-    sums = summaries(N_KV_HEADS, settings.block_size)
-    step = new_step(extension, layers)
-    expected = decoder_step_reference(
-        x,
-        layers,
-        keys,
-        values,
+    """(fused x, reference x, fused K/V stores, reference K/V stores) of one step, Gemma's eps,
+    the global and the local layers' angles."""
+    return base.run_both(
+        extension,
+        None,
+        N_HEADS,
+        N_KV_HEADS,
         pos,
-        cos,
-        sin,
-        n_heads=N_HEADS,
-        n_kv_heads=N_KV_HEADS,
+        settings,
+        summaries(N_KV_HEADS, settings.block_size),
+        layers=layers,
+        kv_dtype=kv_dtype,
+        angles=angles or two_kinds_of_angles(pos),
         eps=1e-6,
-        settings=settings,
-        summaries=sums,
-        inv_freq=inv_freq(),
     )
-    actual = step.step(x.clone(), fk, fv, pos, cos, sin, settings, summaries=sums)
-    return actual, expected, (fk, fv), (keys, values)
 
 
 def check(actual, expected, fused_kv, reference_kv, what: str):
@@ -250,7 +226,7 @@ def test_torch_norms_give_the_per_op_paths_bits(extension):
     for seed in range(3, 13):  # other inputs, the same bits
         x = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed))
         keys, values = stores(N_KV_HEADS)
-        step = new_step(extension, layers)
+        step = base.new_step(extension, layers, N_HEADS, N_KV_HEADS, eps=1e-6)
         step.step(x.clone(), keys, values, 103, *two_kinds_of_angles(103), DENSE)
         xr = x[None] * torch.rsqrt(x[None].pow(2).mean(-1, keepdim=True) + 1e-6)
         h = (xr * layers[0]["norm_in"])[0]
