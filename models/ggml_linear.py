@@ -3,7 +3,7 @@ from the file: nothing converted or copied at load, every bit of the file's weig
 
 The products run on the C++ kernels of msa.kernels.ggml_blocks: for one row (decode) the input
 quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in integers
-(`exact` keeps one row in fp32: output heads); for more rows, dequantized tiles times an fp32
+(`exact` keeps an fp32 input); for more rows, dequantized tiles times an fp32
 GEMM, the exact weights' to fp32 rounding. The one exception is chosen by the loader
 (`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX): then products of
 more than one row (prefill) multiply bf16 tiles of the weights with bf16-rounded inputs, summed
@@ -62,8 +62,9 @@ class GgmlLinear(nn.Module):
         return self._product(x, exact=False)
 
     def exact(self, x: torch.Tensor) -> torch.Tensor:
-        """The product with an fp32 input for one row too (an output head: logits exact to the
-        file's weights, so that near ties fall the same way whichever path made x)."""
+        """The product with an fp32 input for one row too, and never on bf16 tiles: the output
+        head's many-row logits (a decode step's one row takes the int8-input product and has
+        its top candidates recomputed in fp32 from `rows`, Transformer.logits)."""
         return self._product(x, exact=True)
 
     def _product(self, x: torch.Tensor, exact: bool) -> torch.Tensor:

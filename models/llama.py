@@ -211,8 +211,14 @@ class Transformer(nn.Module):
         head computes in fp32, else its top candidates recomputed in fp32 (head_refine.py)."""
         h = self.norm(x)
         head = self.lm_head
-        if isinstance(head, GgmlLinear):  # the file's exact weights, in fp32 whatever the dtype
-            return head.exact(h.float())
+        if isinstance(head, GgmlLinear):  # the file's weights, logits in fp32 whatever the dtype
+            h = h.float()
+            if h.numel() != h.shape[-1]:
+                return head.exact(h)  # many rows: an fp32 GEMM already
+            # one row: the input quantized to int8 as llama.cpp does (a 128K-vocabulary Q6_K
+            # head took 36 ms with an fp32 input, 9 ms so, more than a 1B model's 16 layers),
+            # then the candidates that can be picked recomputed from the rows in fp32
+            return refine_top(head(h), h, self.head_rows)
         logits = head(h)
         if isinstance(head, Int4Linear) or (
             isinstance(head, nn.Linear) and head.weight.dtype == torch.float32
