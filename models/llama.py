@@ -215,9 +215,7 @@ class Transformer(nn.Module):
             h = h.float()
             if h.numel() != h.shape[-1]:
                 return head.exact(h)  # many rows: an fp32 GEMM already
-            # one row: the input quantized to int8 as llama.cpp does (a 128K-vocabulary Q6_K
-            # head took 36 ms with an fp32 input, 9 ms so, more than a 1B model's 16 layers),
-            # then the candidates that can be picked recomputed from the rows in fp32
+            # one row: int8 input as llama.cpp's, the top candidates redone in fp32 (head_refine)
             return refine_top(head(h), h, self.head_rows)
         logits = head(h)
         if isinstance(head, Int4Linear) or (
