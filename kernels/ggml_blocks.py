@@ -8,8 +8,10 @@ optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; emp
 weights' q times its q, scaled in fp32 (AVX-512 VNNI or AVX-VNNI dot products where the CPU has
 them, else AVX2's), or in fp32 where asked (`exact`: output heads); more rows (prefill) in
 fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster choice where
-the CPU multiplies bf16 in its matrix units (`bf16_matrix_units()`: AMX): bf16 tiles of the
-weights times bf16-rounded inputs, summed in fp32. msa.models.gguf_blocks.dequantize_rows
+the CPU multiplies bf16 fast (`bf16_fast()`): bf16 tiles of the weights times bf16-rounded
+inputs, summed in fp32: on AMX tiles with fp32 output (`bf16_matrix_units()`), else by PyTorch's
+bf16 GEMM (oneDNN's, on AVX-512 BF16 instructions), whose output is rounded to bf16.
+msa.models.gguf_blocks.dequantize_rows
 (gguf.quants, llama.cpp's reference) and `quantize_input` are the definitions the kernels are
 tested against.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .cpp_build import CppExtension
+from .cpu_features import cpu_flags
 
 # GGMLQuantizationType values of the types the kernels read
 TYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -66,10 +69,25 @@ def dequantize_bf16(
 
 
 def bf16_matrix_units() -> bool:
-    """Whether `linear_bf16` runs on bf16 matrix units here (AMX, as PyTorch's oneDNN finds it);
-    elsewhere it is right but no faster than `linear`. False where the kernels cannot be built."""
+    """Whether `linear_bf16` runs on bf16 matrix units here (AMX, as PyTorch's oneDNN finds it),
+    with fp32 output. False where the kernels cannot be built."""
     ext = compiled_extension()
     return ext is not None and ext.bf16_matrix_units()
+
+
+def bf16_fast() -> bool:
+    """Whether `linear_bf16` is faster than `linear` here: on matrix units, or by oneDNN's bf16
+    GEMM where the CPU has AVX-512 BF16 instructions (a 2-core AMD EPYC: 340-384 GFLOP/s a
+    thread against 87 for PyTorch's fp32 GEMM at prefill's shapes). Elsewhere bf16 products are
+    widened to fp32 and gain nothing."""
+    if bf16_matrix_units():
+        return True
+    return (
+        compiled_extension() is not None
+        and "avx512_bf16" in cpu_flags()
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+    )
 
 
 def quantize_input(x: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, torch.Tensor]:

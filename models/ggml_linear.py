@@ -5,10 +5,11 @@ The products run on the C++ kernels of msa.kernels.ggml_blocks: for one row (dec
 quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in integers
 (`exact` keeps an fp32 input); for more rows, dequantized tiles times an fp32
 GEMM, the exact weights' to fp32 rounding. The one exception is chosen by the loader
-(`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX): then products of
-more than one row (prefill) multiply bf16 tiles of the weights with bf16-rounded inputs, summed
-in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster. Where the kernels cannot be built, the
-weights are dequantized by the reference (gguf.quants) at each call: slow, fp32.
+(`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX or AVX-512 BF16):
+then products of more than one row (prefill) multiply bf16 tiles of the weights with
+bf16-rounded inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster.
+Where the kernels cannot be built, the weights are dequantized by the reference (gguf.quants)
+at each call: slow, fp32.
 
 State: `{module}.blocks` (uint8 [rows, bytes per row], a read-only view of the mapped file),
 `{module}.ggml_type` (the GGMLQuantizationType value, 0-d) and optionally `{module}.row_ids`
@@ -90,12 +91,13 @@ class GgmlLinear(nn.Module):
 def choose_bf16_prefill(model: nn.Module, dtype_name: str) -> bool:
     """Set whether the GgmlLinear layers of `model`'s blocks multiply many rows (prefill) on
     bf16 tiles, and return it: yes under compute dtype "auto" or "bf16" where this CPU multiplies
-    bf16 in matrix units (AMX, as PyTorch's oneDNN finds it); under "fp32", and elsewhere, exact
-    fp32. The output head stays exact: prefill asks it for one row (the last token's logits),
-    and a model whose only such layer is its head (the embedded one) is left as it was."""
+    bf16 fast (AMX, or AVX-512 BF16 through oneDNN: `ggml_blocks.bf16_fast`); under "fp32", and
+    elsewhere, exact fp32. The output head stays exact: prefill asks it for one row (the last
+    token's logits), and a model whose only such layer is its head (the embedded one) is left as
+    it was."""
     head = getattr(model, "lm_head", None)
     layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
-    chosen = bool(layers) and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_matrix_units()
+    chosen = bool(layers) and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_fast()
     for m in layers:
         m.prefill_bf16 = chosen
     return chosen

@@ -1,9 +1,10 @@
 """The bf16 tiles of GGUF blocks (msa.kernels.ggml_blocks.dequantize_bf16, linear_bf16) against
 the reference: gguf.quants' dequantization (llama.cpp's own) rounded to bf16 must come out
 bit for bit, and the product must be a plain PyTorch product of the bf16-rounded weights and
-inputs, summed in fp32. Both ways the product runs are checked on any CPU: on bf16 matrix
-units (AMX, VNNI-packed tiles) where this CPU has them, and the plain path that oneDNN turned
-off (`torch.backends.mkldnn`) takes elsewhere."""
+inputs, summed in fp32 (without matrix units, rounded to bf16 at the output). Each way the
+product runs is checked where this CPU has it: on bf16 matrix units (AMX, VNNI-packed tiles,
+fp32 output), by oneDNN's bf16 GEMM elsewhere, and, on any CPU, by PyTorch's own bf16 GEMM with
+oneDNN turned off (`torch.backends.mkldnn`)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,22 @@ from msa.kernels.testing import assert_close
 
 pytest.importorskip("gguf")
 TYPES = list(ggml_blocks.TYPES)
+MATRIX_UNITS = ggml_blocks.bf16_matrix_units()
+# (oneDNN on, whether that means matrix units here)
 PATHS = [
     pytest.param(
-        True,
+        (True, True),
         id="matrix-units",
-        marks=pytest.mark.skipif(
-            not ggml_blocks.bf16_matrix_units(), reason="no bf16 matrix units (AMX) here"
-        ),
+        marks=pytest.mark.skipif(not MATRIX_UNITS, reason="no bf16 matrix units (AMX) here"),
     ),
-    pytest.param(False, id="plain"),
+    pytest.param(
+        (True, False),
+        id="onednn-gemm",
+        marks=pytest.mark.skipif(MATRIX_UNITS, reason="oneDNN takes the matrix units here"),
+    ),
+    pytest.param((False, False), id="plain"),
 ]
+BF16_OUTPUT = 2**-8  # relative: a bf16 output's rounding (half a unit: 2**-9), with room
 
 
 @pytest.fixture(autouse=True)
@@ -46,32 +53,37 @@ def test_bf16_tiles_are_the_reference_rounded_to_bf16(qtype):
     assert torch.equal(got, w[3:37].bfloat16())
 
 
-@pytest.mark.parametrize("matrix_units", PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("qtype", TYPES)
 # 1 row; 70: a chunk of 128 rows' tail; 300: three chunks
 @pytest.mark.parametrize("rows", [1, 70, 300])
-def test_bf16_product_is_the_rounded_product(qtype, rows, matrix_units):
+def test_bf16_product_is_the_rounded_product(qtype, rows, path):
+    onednn, matrix_units = path
     # 1100 outputs: 17 blocks of 64 and a tail of 12 (groups of 1 to 8 blocks by the width)
     blocks, w = random_weight(qtype, 1100, 512, seed=6)
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(7))
     exact, tol = rounded_product(x, w)
-    with torch.backends.mkldnn.flags(enabled=matrix_units):
+    with torch.backends.mkldnn.flags(enabled=onednn):
         assert ggml_blocks.bf16_matrix_units() == matrix_units
         got = ggml_blocks.linear_bf16(x, blocks, ggml_blocks.TYPES[qtype])
     assert got.dtype == torch.float32
-    assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+    rtol = 0 if matrix_units else BF16_OUTPUT
+    assert_close(got, exact.float(), atol=tol, rtol=rtol, what=qtype)
 
 
-@pytest.mark.parametrize("matrix_units", PATHS)
-def test_bf16_product_follows_row_ids_and_wide_rows(matrix_units):
-    # 4864 inputs (Qwen2.5-0.5B's FFN width): one block of 64 outputs a group
-    blocks, w = random_weight("Q4_K", 96, 4864, seed=8)
-    ids = torch.randperm(96, generator=torch.Generator().manual_seed(9))
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_product_follows_row_ids_and_wide_rows(path):
+    onednn, matrix_units = path
+    # 4864 inputs (Qwen2.5-0.5B's FFN width): one block of 64 outputs a group; 1000 outputs:
+    # more than one tile of the GEMM path (2**22 / 4864 = 862 rows)
+    blocks, w = random_weight("Q4_K", 1000, 4864, seed=8)
+    ids = torch.randperm(1000, generator=torch.Generator().manual_seed(9))
     x = torch.randn(33, 4864, generator=torch.Generator().manual_seed(10))
     exact, tol = rounded_product(x, w[ids])
-    with torch.backends.mkldnn.flags(enabled=matrix_units):
+    with torch.backends.mkldnn.flags(enabled=onednn):
         got = ggml_blocks.linear_bf16(x, blocks, ggml_blocks.TYPES["Q4_K"], ids)
-    assert_close(got, exact.float(), atol=tol, rtol=0, what="row ids")
+    rtol = 0 if matrix_units else BF16_OUTPUT
+    assert_close(got, exact.float(), atol=tol, rtol=rtol, what="row ids")
     tile = ggml_blocks.dequantize_bf16(blocks, ggml_blocks.TYPES["Q4_K"], 4864, 5, 9, ids)
     assert torch.equal(tile, w[ids[5:9]].bfloat16())
 

@@ -36,7 +36,7 @@ pytestmark = [
 ]
 
 
-# fp32: the default, exact; auto (opt-in): bf16 prefill tiles where the CPU has AMX
+# fp32: the default, exact; auto (opt-in): bf16 prefill tiles where the CPU has AMX or AVX-512 BF16
 @pytest.fixture(
     scope="module", params=[(f, d) for f in sorted(REAL_FILES) for d in ("fp32", "auto")]
 )

@@ -48,30 +48,25 @@ inline void dequantize_rows_bf16(int64_t type, const uint8_t* base, int64_t row_
 }
 
 // W's rows `first`..`first + cols - 1` (cols <= 64) as B = W^T [k, 64] in bf16, in VNNI pairs
-// of k (B[k / 2][column][k % 2], the layout AMX reads) where `vnni`, else row-major.
+// of k (B[k / 2][column][k % 2], the layout AMX reads).
 inline void pack_rows_bf16(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids, int64_t first,
-                           int64_t cols, int64_t k, bool vnni, uint16_t* scratch, uint16_t* b) {
+                           int64_t cols, int64_t k, uint16_t* scratch, uint16_t* b) {
   constexpr int64_t nb = 64;
   for (int64_t c = 0; c < cols; ++c)
     dequantize_row_bf16(type, base + (row_ids ? row_ids[first + c] : first + c) * row_bytes, k, scratch + c * k);
-  if (vnni) {  // pairs of k as 32-bit words
-    const uint32_t* from = reinterpret_cast<const uint32_t*>(scratch);
-    uint32_t* to = reinterpret_cast<uint32_t*>(b);
-    for (int64_t p = 0; p < k / 2; ++p)
-      for (int64_t c = 0; c < cols; ++c) to[p * nb + c] = from[c * (k / 2) + p];
-  } else {
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t c = 0; c < cols; ++c) b[i * nb + c] = scratch[c * k + i];
-  }
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(scratch);  // pairs of k as 32-bit words
+  uint32_t* to = reinterpret_cast<uint32_t*>(b);
+  for (int64_t p = 0; p < k / 2; ++p)
+    for (int64_t c = 0; c < cols; ++c) to[p * nb + c] = from[c * (k / 2) + p];
 }
 
-// y [m, n] fp32 (row stride n) = x W^T for x bf16 [m, k] (row-major) and the n rows of W (laid
-// out as in dequantize_rows). Each thread takes groups of blocks of 64 rows of W (B's width:
+// y [m, n] fp32 (row stride n) = x W^T on AMX tiles, for x bf16 [m, k] (row-major) and the n
+// rows of W (laid out as in dequantize_rows). Each thread takes groups of blocks of 64 rows of W (B's width:
 // oneDNN packs B in blocks of 16 to 64 columns), dequantizes them to bf16 once and packs them,
 // then multiplies each chunk of rows of x with every block of the group while the chunk is in
 // cache (a group about 512 kB, a chunk about 256 kB).
 inline void linear_bf16_tiles(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids,
-                              int64_t n, int64_t k, const c10::BFloat16* x, int64_t m, bool vnni, float* y) {
+                              int64_t n, int64_t k, const c10::BFloat16* x, int64_t m, float* y) {
   constexpr int64_t nb = 64;
   const int64_t group = std::clamp<int64_t>((int64_t{1} << 19) / (nb * k * 2), 1, 8), mb = 128;
   const int64_t n_blocks = (n + nb - 1) / nb;
@@ -83,17 +78,17 @@ inline void linear_bf16_tiles(int64_t type, const uint8_t* base, int64_t row_byt
       const int64_t first_block = g * group, blocks = std::min(group, n_blocks - first_block);
       for (int64_t j = 0; j < blocks; ++j) {
         const int64_t first = (first_block + j) * nb;
-        pack_rows_bf16(type, base, row_bytes, row_ids, first, std::min(nb, n - first), k, vnni, scratch.data(),
+        pack_rows_bf16(type, base, row_bytes, row_ids, first, std::min(nb, n - first), k, scratch.data(),
                        bits + j * nb * k);
       }
       for (int64_t i = 0; i < m; i += mb)
         for (int64_t j = 0; j < blocks; ++j) {
           const int64_t first = (first_block + j) * nb;
           at::native::cpublas::brgemm(std::min(mb, m - i), std::min(nb, n - first), k, k, nb, n, false, x + i * k,
-                                      b.data() + j * nb * k, y + i * n + first, vnni);
+                                      b.data() + j * nb * k, y + i * n + first, true);
         }
     }
-    at::native::cpublas::brgemm_release(vnni);
+    at::native::cpublas::brgemm_release(true);
   });
 }
 
