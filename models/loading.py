@@ -32,7 +32,7 @@ from .registry import resolve
 from .tokenizer import TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-AUTO = "auto"  # fp32 compute, GGUF-block prefill products on bf16 tiles where the CPU has AMX
+AUTO = "auto"  # fp32 compute, GGUF-block prefill products on bf16 tiles where bf16 is fast
 FLOAT = "none"  # the `quant` that asks for floating-point weights whatever the file stores
 
 

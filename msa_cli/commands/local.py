@@ -53,7 +53,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     )
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
-        f"{' (prefill on bf16 tiles, AMX)' if loaded.bf16_prefill else ''}, "
+        f"{' (prefill on bf16 tiles)' if loaded.bf16_prefill else ''}, "
         f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "

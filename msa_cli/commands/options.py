@@ -147,8 +147,9 @@ DtypeOption = typer.Option(
     envvar="MSA_DTYPE",
     show_envvar=True,
     help="Compute dtype: fp32 (the default: exact fp32 products), auto (fp32, but a GGUF's "
-    "Q4_K/Q6_K/Q5_0/Q8_0 weights prefill on bf16 tiles where the CPU has AMX: 2-4x faster "
-    "products, inputs rounded to bf16), or bf16 (fast only on CPUs with bf16 units).",
+    "Q4_K/Q6_K/Q5_0/Q8_0 weights prefill on bf16 tiles where the CPU has AMX or AVX-512 "
+    "BF16: 2-4x faster products, inputs rounded to bf16), or bf16 (fast only on CPUs with bf16 "
+    "units).",
 )
 HiddenOption = typer.Option(
     False, "--hidden", help="Also read hidden files and folders of directories (.git never)."

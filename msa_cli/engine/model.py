@@ -32,7 +32,7 @@ def load(
 
     `quant`: int8, int4 or none (the weights as the file stores them when None); `dtype`: fp32
     (exact, the default), bf16, or auto (fp32, a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 layers prefilling
-    on bf16 tiles where the CPU has AMX); `threads`: PyTorch's CPU threads
+    on bf16 tiles where the CPU has AMX or AVX-512 BF16); `threads`: PyTorch's CPU threads
     (unchanged when None); `cache_dir`: where converted models, the prefix cache and spilled K/V
     live (msa's, $XDG_CACHE_HOME/msa, when None);
     `note(message)`: told of a long wait (the decode step's first build). A model loaded before
