@@ -11,9 +11,8 @@ fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster 
 the CPU multiplies bf16 fast (`bf16_fast()`): bf16 tiles of the weights times bf16-rounded
 inputs, summed in fp32: on AMX tiles with fp32 output (`bf16_matrix_units()`), else by PyTorch's
 bf16 GEMM (oneDNN's, on AVX-512 BF16 instructions), whose output is rounded to bf16.
-msa.models.gguf_blocks.dequantize_rows
-(gguf.quants, llama.cpp's reference) and `quantize_input` are the definitions the kernels are
-tested against.
+msa.models.gguf_blocks.dequantize_rows (gguf.quants, llama.cpp's reference) and
+`quantize_input` are the definitions the kernels are tested against.
 """
 
 from __future__ import annotations

@@ -61,10 +61,10 @@ inline void pack_rows_bf16(int64_t type, const uint8_t* base, int64_t row_bytes,
 }
 
 // y [m, n] fp32 (row stride n) = x W^T on AMX tiles, for x bf16 [m, k] (row-major) and the n
-// rows of W (laid out as in dequantize_rows). Each thread takes groups of blocks of 64 rows of W (B's width:
-// oneDNN packs B in blocks of 16 to 64 columns), dequantizes them to bf16 once and packs them,
-// then multiplies each chunk of rows of x with every block of the group while the chunk is in
-// cache (a group about 512 kB, a chunk about 256 kB).
+// rows of W (laid out as in dequantize_rows). Each thread takes groups of blocks of 64 rows of
+// W (B's width: oneDNN packs B in blocks of 16 to 64 columns), dequantizes them to bf16 once
+// and packs them, then multiplies each chunk of rows of x with every block of the group while
+// the chunk is in cache (a group about 512 kB, a chunk about 256 kB).
 inline void linear_bf16_tiles(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids,
                               int64_t n, int64_t k, const c10::BFloat16* x, int64_t m, float* y) {
   constexpr int64_t nb = 64;
