@@ -43,6 +43,10 @@ at::Tensor dequantize(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64
   return out;
 }
 
+// Rows of W per dequantized tile of the many-row products: about 4M values (16 MB in fp32, 8 in
+// bf16), at least 64.
+int64_t tile_rows(int64_t k) { return std::max<int64_t>(64, (int64_t{1} << 22) / k); }
+
 // x [M, k] fp32 -> x W^T [M, N] fp32: a matvec for one row (x quantized to int8, or in fp32
 // where `exact`), else row tiles of W dequantized to fp32 (about 16 MB each: smaller ones made
 // the GEMMs several times slower, measured) and multiplied by a GEMM.
@@ -58,7 +62,7 @@ at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_
     return y;
   }
   at::Tensor yt = at::empty({w.n, m}, at::kFloat);  // rows of W by rows: tiles write whole rows
-  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 22) / w.k);
+  const int64_t tile = tile_rows(w.k);
   const at::Tensor xt = x.t().contiguous();
   for (int64_t first = 0; first < w.n; first += tile) {
     const int64_t last = std::min(w.n, first + tile);
@@ -85,19 +89,15 @@ at::Tensor dequantize_bf16(at::Tensor blocks, int64_t type, at::Tensor row_ids, 
 // takes bf16 tiles and PyTorch's bf16 GEMM (linear_bf16_gemm).
 bool bf16_matrix_units() { return at::native::cpublas::could_pack(at::kBFloat16); }
 
-// y [m, n] fp32 = x W^T without matrix units: tiles of W's rows dequantized to bf16 (about 8 MB
-// each), each multiplied by PyTorch's bf16 GEMM (oneDNN's on AVX-512 BF16 instructions: 4-4.5x
+// y [m, n] fp32 = x W^T without matrix units: tiles of W's rows dequantized to bf16 (tile_rows),
+// each multiplied by PyTorch's bf16 GEMM (oneDNN's on AVX-512 BF16 instructions: 4-4.5x
 // its fp32 GEMM on an AMD EPYC, measured), which sums in fp32 and rounds its output to bf16.
-void linear_bf16_gemm(const Rows& w, const at::Tensor& xb, at::Tensor& y) {
-  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 22) / w.k);
-  at::Tensor weights = at::empty({std::min(tile, w.n), w.k}, at::kBFloat16);
-  uint16_t* bits = reinterpret_cast<uint16_t*>(weights.data_ptr<at::BFloat16>());
+void linear_bf16_gemm(const at::Tensor& blocks, int64_t type, const at::Tensor& row_ids, const Rows& w,
+                      const at::Tensor& xb, at::Tensor& y) {
+  const int64_t tile = tile_rows(w.k);
   for (int64_t first = 0; first < w.n; first += tile) {
-    const int64_t rows = std::min(w.n, first + tile) - first;
-    const int64_t* ids = w.ids ? w.ids + first : nullptr;
-    const uint8_t* base = ids ? w.base : w.base + first * w.row_bytes;
-    ggml_blocks::dequantize_rows_bf16(w.type, base, w.row_bytes, ids, rows, w.k, bits);
-    y.narrow(1, first, rows).copy_(at::mm(xb, weights.narrow(0, 0, rows).t()));
+    const int64_t last = std::min(w.n, first + tile);
+    y.narrow(1, first, last - first).copy_(at::mm(xb, dequantize_bf16(blocks, type, row_ids, w.k, first, last).t()));
   }
 }
 
@@ -114,7 +114,7 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor
     ggml_blocks::linear_bf16_tiles(type, w.base, w.row_bytes, w.ids, w.n, w.k, xb.data_ptr<at::BFloat16>(), x.size(0),
                                    y.data_ptr<float>());
   else
-    linear_bf16_gemm(w, xb, y);
+    linear_bf16_gemm(blocks, type, row_ids, w, xb, y);
   return y;
 }
 
