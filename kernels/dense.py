@@ -102,15 +102,24 @@ def masked_attention_sdpa(
     n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_tokens, _ = k.shape
     group = n_q_heads // n_kv_heads
-    mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Tq, T], rows (g, t)
     if k.dtype != q.dtype and n_tokens > WIDEN_TOKENS:
+        mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Tq, T], rows (g, t)
         return _sliced_attention(q, k, v, mask, scale)
     fq = q if k.dtype == q.dtype else q.float()
-    folded = fq.reshape(1, n_kv_heads, group * n_queries, head_dim)  # [1, Hkv, G*Tq, D]
-    o = F.scaled_dot_product_attention(
-        folded, k[None].to(fq.dtype), v[None].to(fq.dtype), attn_mask=mask, scale=scale
-    )  # [1, Hkv, G*Tq, D]
-    return o.view(n_q_heads, n_queries, head_dim).to(q.dtype)
+    kf, vf = k.to(fq.dtype), v.to(fq.dtype)
+    if allowed is None:  # no mask: a KV group's query heads folded into one batch of rows
+        folded = fq.reshape(1, n_kv_heads, group * n_queries, head_dim)  # [1, Hkv, G*Tq, D]
+        o = F.scaled_dot_product_attention(folded, kf[None], vf[None], scale=scale)
+    else:  # batch h holds KV head h's G query heads (enable_gqa): the mask is shared, not repeated
+        o = F.scaled_dot_product_attention(
+            fq.view(n_kv_heads, group, n_queries, head_dim),
+            kf[:, None],
+            vf[:, None],
+            attn_mask=allowed,
+            scale=scale,
+            enable_gqa=True,
+        )  # [Hkv, G, Tq, D]
+    return o.reshape(n_q_heads, n_queries, head_dim).to(q.dtype)
 
 
 def _sliced_attention(q, k, v, mask, scale):

@@ -153,16 +153,21 @@ def _sparse_repositioned(q, q_start, keys, values, idx, s, block_size, rope):
     rows, offset = (block_size, q_start % block_size) if nq > 1 else (tq, 0)
     padded = q.new_zeros((hq, nq * rows, d), dtype=torch.float32)
     padded[:, offset : offset + tq] = q.float()
-    qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv, nq, group * rows, d)
+    # One attention batch per (KV head, query block), its G query heads reading the one KV head
+    # (enable_gqa), so the mask is built and widened once per query row, not once per query head.
+    qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv * nq, group, rows, d)
     # Padding rows get the block's last position, so every row reads at least one key.
     q_pos = (q_start - offset + torch.arange(nq * rows)).clamp(q_start, end - 1)
-    q_pos = q_pos.view(nq, 1, rows).expand(nq, group, rows).reshape(1, nq, group * rows, 1)
-    allowed = (key_pos[:, :, None, :] >= 0) & (
-        key_pos[:, :, None, :] <= q_pos
-    )  # [Hkv, nq, G*rows, K*B]
+    key_pos = key_pos[:, :, None, :]  # [Hkv, nq, 1, K*B], -1 for padding
+    allowed = (key_pos <= q_pos.view(1, nq, rows, 1)) & (key_pos >= 0)  # [Hkv, nq, rows, K*B]
     o = F.scaled_dot_product_attention(
-        qg, k_sel, v_sel, attn_mask=allowed, scale=d**-0.5
-    )  # [Hkv, nq, G*rows, D]
+        qg,
+        k_sel.reshape(hkv * nq, 1, -1, d),
+        v_sel.reshape(hkv * nq, 1, -1, d),
+        attn_mask=allowed.view(hkv * nq, 1, rows, -1),
+        scale=d**-0.5,
+        enable_gqa=True,
+    )  # [Hkv*nq, G, rows, D]
     o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
     return o[:, offset : offset + tq].to(q.dtype)
 
