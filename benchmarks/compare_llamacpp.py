@@ -15,9 +15,10 @@ Each run is its own process, so peak memory is that run's alone and no engine wa
 caches. llama.cpp runs twice per length, flash attention off and on; the ratios compare msa with
 the faster of the two. msa runs with its default attention (dense for the first 1,024 tokens,
 MSA block selection after) and the weights given by --msa: file (the default: each tensor as
-the GGUF stores it, the blocks llama.cpp computes with, in the CLI's default exact fp32),
-file-bf16 (the same with --dtype auto: prefill on bf16 tiles where the CPU has AMX), int4, int8,
-fp32 or bf16.
+the GGUF stores it, the blocks llama.cpp computes with, under the CLI's default --dtype auto:
+prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16), file-fp32 (the same with --dtype
+fp32: exact fp32 products), int4, int8, fp32 or bf16. (Results written before 2026-12-02 name
+the exact setting "file" and the bf16 one "file-bf16".)
 
 llama.cpp comes from llama-cpp-python in a virtual environment of its own (--venv), built with
 --install (it compiles llama.cpp for this CPU: 10 minutes or more, so never in CI):
@@ -78,10 +79,10 @@ def msa_worker(job: dict) -> dict:
     from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])
-    quant = {"file": None, "file-bf16": None, "int8": "int8", "int4": "int4"}.get(
+    quant = {"file": None, "file-fp32": None, "int8": "int8", "int4": "int4"}.get(
         job["weights"], "none"
     )
-    dtype = {"bf16": "bf16", "file-bf16": "auto"}.get(job["weights"], "fp32")
+    dtype = {"bf16": "bf16", "file": "auto"}.get(job["weights"], "fp32")
     loaded = load_model(
         job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype
     )
@@ -163,8 +164,9 @@ def main() -> None:
     parser.add_argument(
         "--msa",
         default="file",
-        help="msa weights to run, comma-separated: file (as the GGUF stores them, exact fp32 as "
-        "the CLI's default), file-bf16 (the same with --dtype auto), int4, int8, fp32, bf16",
+        help="msa weights to run, comma-separated: file (as the GGUF stores them, under the "
+        "CLI's default --dtype auto), file-fp32 (the same with --dtype fp32: exact), int4, int8, "
+        "fp32, bf16",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")

@@ -25,8 +25,13 @@ import json, sys
 from llama_cpp import Llama
 job = json.loads(sys.stdin.read())
 llm = Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_threads=2, n_threads_batch=2,
-            vocab_only=job["vocab_only"], verbose=False)
-if job["vocab_only"]:
+            vocab_only=job["vocab_only"], logits_all="logits_to" in job, verbose=False)
+if "logits_to" in job:
+    import numpy
+    llm.eval(job["ids"])
+    numpy.save(job["logits_to"], numpy.asarray(llm.scores[: len(job["ids"])], dtype="float32"))
+    out = []
+elif job["vocab_only"]:
     out = [llm.tokenize(t.encode(), add_bos=False, special=False) for t in job["texts"]]
 else:
     out = []
@@ -69,3 +74,13 @@ def greedy_tokens(gguf: Path, ids: list[int], n: int) -> list[int]:
 def token_ids(gguf: Path, texts: list[str]) -> list[list[int]]:
     """llama.cpp's ids of each text (no BOS, special tokens as plain text)."""
     return _run({"gguf": str(gguf), "texts": texts, "n_ctx": 512, "vocab_only": True})
+
+
+def prompt_logits(gguf: Path, ids: list[int], scratch: Path):
+    """llama.cpp's logits at every position of the prompt `ids`: fp32 numpy [len(ids), vocab]
+    (written by the child to `scratch`, a .npy path)."""
+    import numpy
+
+    job = {"gguf": str(gguf), "ids": ids, "n_ctx": len(ids) + 16, "vocab_only": False}
+    _run({**job, "logits_to": str(scratch)})
+    return numpy.load(scratch)

@@ -62,14 +62,19 @@ class _Model:
     name = "stand-in"
 
 
-def _sweep(path, asked):
+class _TilesModel:
+    name = "stand-in"
+    loaded = type("Loaded", (), {"bf16_prefill": True})()
+
+
+def _sweep(path, asked, model=None):
     def answer(model, item, mode):
         asked.append((item.text, mode.label))
         return Answer(item.answers[0] if mode.label == "dense" else "no", 10, 4, 0.5)
 
     modes = [Mode("dense", AttentionSettings(mode="dense")), Mode("msa", AttentionSettings())]
     return run_sweep(
-        _Model(),
+        model or _Model(),
         _units(3),
         modes,
         ResultsFile(path),
@@ -116,3 +121,16 @@ def test_item_ids_are_stable_and_tell_items_apart():
     assert item_id(**fields) == item_id(**dict(reversed(list(fields.items()))))
     assert item_id(**fields) != item_id(**{**fields, "attention": "dense"})
     assert item_id(**fields) != item_id(**{**fields, "depth": 0.25})
+
+
+def test_answers_on_bf16_prefill_tiles_are_not_taken_for_exact_ones(tmp_path):
+    path = tmp_path / "results.jsonl"
+    asked: list = []
+    _sweep(path, asked)
+    asked.clear()
+    _sweep(path, asked, _TilesModel())  # same model name, --dtype auto on a bf16-fast CPU
+    assert len(asked) == 6
+    asked.clear()
+    _sweep(path, asked, _TilesModel())
+    _sweep(path, asked)
+    assert asked == []

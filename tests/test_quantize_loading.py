@@ -245,3 +245,20 @@ def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
     for r in rows:
         assert r["weights"] == "int4" and r["threads"] >= 1 and r["model"] == "tiny"
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 0
+
+
+@pytest.mark.parametrize("dtype", [None, "fp32"])
+def test_gguf_blocks_prefill_on_bf16_tiles_by_default_where_bf16_is_fast(run, tmp_path, dtype):
+    """The default compute dtype is auto: a GGUF's Q8_0 layers prefill on bf16 tiles on a CPU with
+    AMX or AVX-512 BF16 (exact fp32 elsewhere), and --dtype fp32 keeps exact products; -v says."""
+    from msa.kernels import ggml_blocks
+
+    path = tmp_path / "tiny-q8.gguf"
+    write_tiny_gguf(path, tiny_config(), random_llama_weights(tiny_config()), qtype="Q8_0")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello hello world")
+    args = ["ask", doc, "hello?", "--model", path, "-n", "2", "-v", "--no-cache"]
+    result = run(*args, *(["--dtype", dtype] if dtype else []))
+    assert result.exit_code == 0, result.output
+    tiles = dtype is None and ggml_blocks.bf16_fast()
+    assert ("(prefill on bf16 tiles)" in result.stderr) == tiles, result.stderr

@@ -36,7 +36,7 @@ pytestmark = [
 ]
 
 
-# fp32: the default, exact; auto (opt-in): bf16 prefill tiles where the CPU has AMX or AVX-512 BF16
+# auto: the default, bf16 prefill tiles where the CPU has AMX or AVX-512 BF16; fp32: exact
 @pytest.fixture(
     scope="module", params=[(f, d) for f in sorted(REAL_FILES) for d in ("fp32", "auto")]
 )
@@ -57,7 +57,7 @@ def test_it_answers_on_the_sample_document(real):
 
 @pytest.mark.skipif(not available(), reason="llama-cpp-python is not installed")
 def test_the_first_32_greedy_tokens_equal_llamacpp(real):
-    """Under the default (exact fp32 prefill); bf16 prefill (auto) parts from llama.cpp at the
+    """Under exact fp32 prefill (--dtype fp32); bf16 prefill (auto) parts from llama.cpp at the
     first near tie (README, Quantized weights): test_real_bf16_prefill.py bounds it instead."""
     path, model = real
     if model.loaded.bf16_prefill:

@@ -11,6 +11,7 @@ import typer
 from .errors import reports_errors
 from .options import (
     CacheDirOption,
+    DtypeOption,
     ModelOption,
     QuantOption,
     ThreadsOption,
@@ -40,6 +41,7 @@ def eval_passkey(
     topk: int = TopkOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
     json_out: bool = typer.Option(
         False, "--json", help="Print a JSON array, one object per length and mode."
     ),
@@ -52,10 +54,10 @@ def eval_passkey(
     from ..engine.passkey import run_passkey
     from .output import note, print_rows
 
-    check_precision(quant)
+    check_precision(quant, dtype)
     lengths = parse_lengths(length)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir, quant=quant, note=note)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
     try:
         modes = [(m, AttentionSettings(mode=m, topk=topk)) for m in attention.split(",")]
     except ValueError as e:
@@ -156,6 +158,7 @@ def eval_ruler(
     topk: int = TopkOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
     engine_names: str = EngineOption,
     json_out: bool = JsonOption,
     cache_dir: str | None = CacheDirOption,
@@ -172,7 +175,7 @@ def eval_ruler(
     from . import eval_report as report
     from .output import note
 
-    check_precision(quant)
+    check_precision(quant, dtype)
     if plot:
         report.check_plot()
     chosen, sizes, modes = parse_tasks(tasks), parse_lengths(lengths), _modes(attention, topk)
@@ -180,7 +183,9 @@ def eval_ruler(
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
     threads = set_threads(threads)  # the free cores unless --threads says otherwise
-    engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
+    engine = load_model(
+        model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir, note=note
+    )
     limit = dense_limit or engine.loaded.config.max_position_embeddings
     modes = llamacpp.with_llamacpp(engine, modes, engines, threads=threads)
     units = ruler_units(engine.loaded.tokenizer, chosen, sizes, samples, seed, prose)
@@ -218,6 +223,7 @@ def eval_file(
     topk: int = TopkOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
     engine_names: str = EngineOption,
     json_out: bool = JsonOption,
     cache_dir: str | None = CacheDirOption,
@@ -232,11 +238,13 @@ def eval_file(
     from . import eval_report as report
     from .output import note
 
-    check_precision(quant)
+    check_precision(quant, dtype)
     modes, units, store = _modes(attention, topk), read_set(path), ResultsFile(results)
     engines = _engines(engine_names)
     threads = set_threads(threads)  # the free cores unless --threads says otherwise
-    engine = load_model(model, quant=quant, threads=threads, cache_dir=cache_dir, note=note)
+    engine = load_model(
+        model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir, note=note
+    )
     modes = with_llamacpp(engine, modes, engines, threads=threads)
     records, totals = run_sweep(
         engine, units, modes, store, file_score, on_result=report.progress_line

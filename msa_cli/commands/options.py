@@ -142,14 +142,14 @@ QuantOption = typer.Option(
     "blocks kept (Q4_1, the embedded model's, as int4), floating point as floating point]",
 )
 DtypeOption = typer.Option(
-    "fp32",
+    "auto",
     "--dtype",
     envvar="MSA_DTYPE",
     show_envvar=True,
-    help="Compute dtype: fp32 (the default: exact fp32 products), auto (fp32, but a GGUF's "
-    "Q4_K/Q6_K/Q5_0/Q8_0 weights prefill on bf16 tiles where the CPU has AMX or AVX-512 "
-    "BF16: 2-4x faster products, inputs rounded to bf16), or bf16 (fast only on CPUs with bf16 "
-    "units).",
+    help="Compute dtype: auto (the default: fp32, but a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 weights "
+    "prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16: 2-4x faster products, "
+    "inputs rounded to bf16, ten times closer to exact fp32 than llama.cpp's own), fp32 (exact "
+    "fp32 products everywhere), or bf16 (fast only on CPUs with bf16 units).",
 )
 HiddenOption = typer.Option(
     False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
@@ -202,7 +202,7 @@ def attention_settings(mode: str, topk: int | None, block_size, local_blocks: in
     )
 
 
-def check_precision(quant, dtype: str = "fp32") -> None:
+def check_precision(quant, dtype: str = "auto") -> None:
     # the lists of msa.models.quantize.MODES + loading.FLOAT and loading.DTYPES, written out:
     # importing them would import PyTorch, which a --server client never needs
     if quant is not None and quant not in ("int8", "int4", "none"):

@@ -12,6 +12,7 @@ from .options import (
     AttentionOption,
     BlockSizeOption,
     CacheDirOption,
+    DtypeOption,
     KvDtypeOption,
     LocalBlocksOption,
     ModelOption,
@@ -83,6 +84,7 @@ def serve(
     ),
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    dtype: str = DtypeOption,
     cache_dir: str | None = CacheDirOption,
     no_cache: bool = NoCacheOption,
     attention: str = AttentionOption,
@@ -122,11 +124,11 @@ def serve(
                 f"{origin!r} is not an origin (scheme://host[:port], like https://app.example)",
                 param_hint="--allow-origin",
             )
-    check_precision(quant)
+    check_precision(quant, dtype)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     sock = listen(host, port)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir, quant=quant, note=note)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
     app_ = make_app(
         loaded,
         attention_,

@@ -31,7 +31,7 @@ def load(
     *,
     cache: str | None = None,
     quant: str | None = None,
-    dtype: str = "fp32",
+    dtype: str = "auto",
     note=None,
 ):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel,

@@ -23,16 +23,16 @@ def load(
     name: str = DEFAULT_MODEL,
     *,
     quant: str | None = None,
-    dtype: str = "fp32",
+    dtype: str = "auto",
     threads: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     note: Callable[[str], None] | None = None,
 ) -> Model:
     """Load a model: a registry name (`msa models`), a .gguf file or a model folder.
 
-    `quant`: int8, int4 or none (the weights as the file stores them when None); `dtype`: fp32
-    (exact, the default), bf16, or auto (fp32, a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 layers prefilling
-    on bf16 tiles where the CPU has AMX or AVX-512 BF16); `threads`: PyTorch's CPU threads
+    `quant`: int8, int4 or none (the weights as the file stores them when None); `dtype`: auto
+    (the default: fp32, a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 layers prefilling on bf16 tiles where the
+    CPU has AMX or AVX-512 BF16), fp32 (exact everywhere) or bf16; `threads`: PyTorch's CPU threads
     (unchanged when None); `cache_dir`: where converted models, the prefix cache and spilled K/V
     live (msa's, $XDG_CACHE_HOME/msa, when None);
     `note(message)`: told of a long wait (the decode step's first build). A model loaded before

@@ -112,6 +112,11 @@ def dense_skip(model, length: int, dense_limit: int) -> str | None:
     return None
 
 
+def bf16_prefill(model) -> bool:
+    """Whether `model` (an engine Model) prefills on bf16 tiles (compute dtype auto or bf16)."""
+    return bool(getattr(getattr(model, "loaded", None), "bf16_prefill", False))
+
+
 def run_sweep(
     model,
     units: list[Unit],
@@ -133,7 +138,9 @@ def run_sweep(
             if reason:
                 totals.skipped[reason] = totals.skipped.get(reason, 0) + 1
                 continue
-            rid = item_id(**unit.fields, attention=mode.label, model=model.name)
+            # msa's answers on bf16 prefill tiles (--dtype auto) are items apart from exact ones
+            tiles = {"prefill": "bf16"} if mode.answer is None and bf16_prefill(model) else {}
+            rid = item_id(**unit.fields, attention=mode.label, model=model.name, **tiles)
             jobs.append((rid, mode))
         todo.append((unit, jobs))
     total = sum(1 for _, jobs in todo for rid, _ in jobs if rid not in results.done)
