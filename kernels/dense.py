@@ -11,12 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_kv, check_query, choose_impl, default_scale
-from .masked_attention import causal_mask, masked_attention_reference, softmax_attend
+from .masked_attention import causal_mask, masked_attention_reference
 from .merge import merge_splits_cpu
 
 # Keys widened to fp32 at once where K/V are narrower than the query (dense attention over a
 # cache of fp16 K/V): 4,096 keys of 64 channels, 1 MB per KV head.
 WIDEN_TOKENS = 4096
+# PyTorch's CPU flash attention, which also returns each row's log-sum-exp (what slices of keys
+# need to be merged); F.scaled_dot_product_attention calls it and drops that.
+_FLASH_WITH_LSE = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def dense_attention(
@@ -93,8 +96,8 @@ def masked_attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """q: [Hq, Tq, D], k, v: [Hkv, T, D], allowed: bool [Tq, T] (None: every key); returns
-    [Hq, Tq, D] in q's dtype. The G query heads of a KV group are folded into the rows, so K
-    and V are never repeated.
+    [Hq, Tq, D] in q's dtype. The G query heads of a KV group read its K/V together (folded into
+    rows, or as one batch sharing the mask), so K, V and the mask are never repeated.
 
     K/V of another dtype than q (a cache of fp16 K/V) are read in fp32: widened whole up to
     WIDEN_TOKENS keys, for PyTorch's fused kernel; past that a slice of keys at a time, merged
@@ -103,8 +106,7 @@ def masked_attention_sdpa(
     n_kv_heads, n_tokens, _ = k.shape
     group = n_q_heads // n_kv_heads
     if k.dtype != q.dtype and n_tokens > WIDEN_TOKENS:
-        mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Tq, T], rows (g, t)
-        return _sliced_attention(q, k, v, mask, scale)
+        return _sliced_attention(q, k, v, allowed, scale)
     fq = q if k.dtype == q.dtype else q.float()
     kf, vf = k.to(fq.dtype), v.to(fq.dtype)
     if allowed is None:  # no mask: a KV group's query heads folded into one batch of rows
@@ -122,18 +124,27 @@ def masked_attention_sdpa(
     return o.reshape(n_q_heads, n_queries, head_dim).to(q.dtype)
 
 
-def _sliced_attention(q, k, v, mask, scale):
-    """`masked_attention_sdpa` over K/V narrower than q, WIDEN_TOKENS keys at a time in fp32."""
+def _sliced_attention(q, k, v, allowed, scale):
+    """`masked_attention_sdpa` over K/V narrower than q, WIDEN_TOKENS keys at a time widened to
+    fp32, each slice by PyTorch's fused (flash) kernel, merged by log-sum-exp. A slice every query
+    reads whole needs no mask; rows that read nothing of a slice are left out of its merge."""
     n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_tokens, _ = k.shape
-    rows = q.float().reshape(n_kv_heads, -1, head_dim)  # [Hkv, G*Tq, D]
+    group = n_q_heads // n_kv_heads
+    rows = q.float().view(n_kv_heads, group, n_queries, head_dim)
     outs, lses = [], []
     for first in range(0, n_tokens, WIDEN_TOKENS):
         end = min(first + WIDEN_TOKENS, n_tokens)
-        scores = (rows @ k[:, first:end].float().mT) * scale  # [Hkv, G*Tq, S]
-        keep = torch.ones((), dtype=torch.bool) if mask is None else mask[:, first:end]
-        o, lse = softmax_attend(scores, keep, v[:, first:end].float())  # [Hkv, G*Tq, D]
-        outs.append(o)
-        lses.append(lse)
+        keep = None if allowed is None else allowed[:, first:end]  # [Tq, S]
+        if keep is not None and bool(keep.all()):
+            keep = None
+        mask = None if keep is None else torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+        kf = k[:, None, first:end].float().expand(-1, group, -1, -1)  # [Hkv, G, S, D]
+        vf = v[:, None, first:end].float().expand(-1, group, -1, -1)
+        o, lse = _FLASH_WITH_LSE(rows, kf, vf, 0.0, False, attn_mask=mask, scale=scale)
+        if keep is not None:  # the kernel gives lse 0, not -inf, to a row with no key
+            lse = lse.masked_fill(~keep.any(dim=-1), float("-inf"))
+        outs.append(o)  # [Hkv, G, Tq, D]
+        lses.append(lse)  # [Hkv, G, Tq]
     o, _ = merge_splits_cpu(torch.stack(outs, dim=-2), torch.stack(lses, dim=-1))
-    return o.view(n_q_heads, n_queries, head_dim).to(q.dtype)
+    return o.reshape(n_q_heads, n_queries, head_dim).to(q.dtype)

@@ -305,13 +305,13 @@ def test_fp32_queries_over_16_bit_kv_compute_in_fp32(kv_dtype, n_tokens, monkeyp
         o = dense_attention(q, k, v, impl=impl)
         assert o.dtype == torch.float32
         assert_close(o, want, atol=2e-6, rtol=0, what=f"dense decode {impl}")
-    n_q = 40
-    chunk = make_q((HKV * group, n_q, HEAD_DIM), torch.float32, seed=3)
-    positions = list(range(n_tokens - n_q, n_tokens))
-    want_chunk = oracle_attention(chunk, positions, k, v, every, scale).float()
-    for impl in ("reference", "cpu"):
-        o = dense_attention(chunk, k, v, impl=impl)
-        assert_close(o, want_chunk, atol=2e-6, rtol=0, what=f"dense chunk {impl}")
+    for n_q in (40, 60):  # at 300 tokens, 60 queries start before the last slice of 128 keys
+        chunk = make_q((HKV * group, n_q, HEAD_DIM), torch.float32, seed=3)
+        positions = list(range(n_tokens - n_q, n_tokens))
+        want_chunk = oracle_attention(chunk, positions, k, v, every, scale).float()
+        for impl in ("reference", "cpu"):
+            o = dense_attention(chunk, k, v, impl=impl)
+            assert_close(o, want_chunk, atol=2e-6, rtol=0, what=f"dense chunk {impl}")
     n_blocks = -(-n_tokens // block)
     idx = torch.tensor([[0, n_blocks - 1, 2], [1, n_blocks - 1, -1]], dtype=torch.int32)
     chosen = lambda h, pos: selected_keys(idx[h], block, pos)  # noqa: E731
