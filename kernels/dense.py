@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_kv, check_query, choose_impl, default_scale
-from .masked_attention import causal_mask, masked_attention_reference
+from .masked_attention import causal_mask, masked_attention_reference, softmax_attend
 from .merge import merge_splits_cpu
 
 # Keys widened to fp32 at once where K/V are narrower than the query (dense attention over a
@@ -124,6 +124,12 @@ def masked_attention_sdpa(
     return o.reshape(n_q_heads, n_queries, head_dim).to(q.dtype)
 
 
+def _flash_with_lse_on(q: torch.Tensor) -> bool:
+    """Whether _FLASH_WITH_LSE serves q's device (it is PyTorch's CPU kernel); elsewhere slices
+    compute their scores explicitly."""
+    return q.device.type == "cpu"
+
+
 def _sliced_attention(q, k, v, allowed, scale):
     """`masked_attention_sdpa` over K/V narrower than q, WIDEN_TOKENS keys at a time widened to
     fp32, each slice by PyTorch's fused (flash) kernel, merged by log-sum-exp. A slice every query
@@ -141,9 +147,15 @@ def _sliced_attention(q, k, v, allowed, scale):
         mask = None if keep is None else torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
         kf = k[:, None, first:end].float().expand(-1, group, -1, -1)  # [Hkv, G, S, D]
         vf = v[:, None, first:end].float().expand(-1, group, -1, -1)
-        o, lse = _FLASH_WITH_LSE(rows, kf, vf, 0.0, False, attn_mask=mask, scale=scale)
-        if keep is not None:  # the kernel gives lse 0, not -inf, to a row with no key
-            lse = lse.masked_fill(~keep.any(dim=-1), float("-inf"))
+        if not _flash_with_lse_on(q):
+            scores = (rows @ kf.mT) * scale  # [Hkv, G, Tq, S]
+            o, lse = softmax_attend(
+                scores, torch.ones((), dtype=torch.bool) if keep is None else keep, vf
+            )
+        else:
+            o, lse = _FLASH_WITH_LSE(rows, kf, vf, 0.0, False, attn_mask=mask, scale=scale)
+            if keep is not None:  # the kernel gives lse 0, not -inf, to a row with no key
+                lse = lse.masked_fill(~keep.any(dim=-1), float("-inf"))
         outs.append(o)  # [Hkv, G, Tq, D]
         lses.append(lse)  # [Hkv, G, Tq]
     o, _ = merge_splits_cpu(torch.stack(outs, dim=-2), torch.stack(lses, dim=-1))

@@ -286,15 +286,18 @@ def test_limits_are_reported(monkeypatch):
         sparse_decode_attention(q, k, v, idx, 16, impl="triton")
 
 
+@pytest.mark.parametrize("flash", [True, False], ids=["flash-slices", "explicit-slices"])
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n_tokens", [65, 300])
-def test_fp32_queries_over_16_bit_kv_compute_in_fp32(kv_dtype, n_tokens, monkeypatch):
+def test_fp32_queries_over_16_bit_kv_compute_in_fp32(kv_dtype, n_tokens, flash, monkeypatch):
     """A cache of fp16 or bf16 K/V read by fp32 queries: every op computes on the stored values
     in fp32, as the float64 oracle does on the same values (dense attention widens at most
     WIDEN_TOKENS keys at once: made small here, so the long read goes slice by slice)."""
     from msa.kernels import dense as dense_module
 
     monkeypatch.setattr(dense_module, "WIDEN_TOKENS", 128)
+    if not flash:  # the slices as computed off the CPU (no flash kernel with log-sum-exp there)
+        monkeypatch.setattr(dense_module, "_flash_with_lse_on", lambda q: False)
     k, v = make_kv(n_tokens, kv_dtype)
     group, block = 3, 16
     scale = HEAD_DIM**-0.5
