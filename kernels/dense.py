@@ -7,6 +7,8 @@ query t reads keys at positions <= q_start + t.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -144,7 +146,6 @@ def _sliced_attention(q, k, v, allowed, scale):
         keep = None if allowed is None else allowed[:, first:end]  # [Tq, S]
         if keep is not None and bool(keep.all()):
             keep = None
-        mask = None if keep is None else torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
         kf = k[:, None, first:end].float().expand(-1, group, -1, -1)  # [Hkv, G, S, D]
         vf = v[:, None, first:end].float().expand(-1, group, -1, -1)
         if not _flash_with_lse_on(q):
@@ -152,7 +153,8 @@ def _sliced_attention(q, k, v, allowed, scale):
             o, lse = softmax_attend(
                 scores, torch.ones((), dtype=torch.bool) if keep is None else keep, vf
             )
-        else:
+        else:  # the kernel takes an additive mask of q's dtype
+            mask = None if keep is None else torch.zeros(keep.shape).masked_fill_(~keep, -math.inf)
             o, lse = _FLASH_WITH_LSE(rows, kf, vf, 0.0, False, attn_mask=mask, scale=scale)
             if keep is not None:  # the kernel gives lse 0, not -inf, to a row with no key
                 lse = lse.masked_fill(~keep.any(dim=-1), float("-inf"))

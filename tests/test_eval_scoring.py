@@ -60,6 +60,7 @@ def _item(i):
 
 class _Model:
     name = "stand-in"
+    loaded = type("Loaded", (), {"bf16_prefill": False})()
 
 
 class _TilesModel:

@@ -114,7 +114,7 @@ def dense_skip(model, length: int, dense_limit: int) -> str | None:
 
 def bf16_prefill(model) -> bool:
     """Whether `model` (an engine Model) prefills on bf16 tiles (compute dtype auto or bf16)."""
-    return bool(getattr(getattr(model, "loaded", None), "bf16_prefill", False))
+    return model.loaded.bf16_prefill
 
 
 def run_sweep(
