@@ -2,7 +2,9 @@
 
 What it measures, for each context length (default 512, 2K, 8K, 32K tokens):
 - prefill tokens/s: one prompt of that many tokens (the same random token ids for both
-  engines) read into an empty cache, wall-clock;
+  engines) read into an empty cache, wall-clock; msa reads its last 64 tokens as `msa ask`
+  reads a question after a document (a prefill call of their own, which the answer's decode
+  steps then read again: models/msa_decode.py);
 - decode tokens/s: the next --decode tokens fed one at a time after that prompt, each step
   computing the logits of its token (the same ids for both engines: speed does not depend on
   which token comes next), wall-clock;
@@ -39,6 +41,7 @@ import time
 from pathlib import Path
 
 LLAMA_CPP_VERSION = "0.3.36"
+QUESTION_TOKENS = 64  # the prompt's tail msa prefills as a question
 DEFAULT_VENV = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "llamacpp-venv"
 )
@@ -93,7 +96,9 @@ def msa_worker(job: dict) -> dict:
     del warm
     cache = model.new_cache(capacity=len(ids) + len(decode))
     start, cpu = time.perf_counter(), time.process_time()
-    prefill(model, cache, ids)
+    document = len(ids) - QUESTION_TOKENS
+    prefill(model, cache, ids[:document])
+    prefill(model, cache, ids[document:], question_from=document)
     prefill_s, prefill_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     start, cpu = time.perf_counter(), time.process_time()
     for token in decode:

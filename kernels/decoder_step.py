@@ -153,11 +153,14 @@ class DecoderStep:
         absent: torch.Tensor | None = None,
         load_blocks=None,
         scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
+        question_blocks: list[list[int]] | None = None,
     ) -> torch.Tensor:
         """x [hidden] fp32 -> the last layer's output (x itself, updated in place). cos, sin:
         the angles of `pos`, [D] for every layer, or [2, D]: row 0 the global layers', row 1
         the windowed layers' (Gemma 3's local RoPE base). `scales`: int8 K/V's scale stores of
-        keys and of values, one per layer (empty: not int8).
+        keys and of values, one per layer (empty: not int8). `question_blocks`: per layer, the
+        blocks the question read (ascending), which an MSA layer reads besides its own choice
+        where they lie before its local window (msa.models' msa_decode.with_question_blocks).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -183,6 +186,7 @@ class DecoderStep:
                 softcap,
                 first,
                 shared,
+                question_blocks or [],
             )
             if stopped < 0:
                 return x

@@ -74,6 +74,7 @@ def decoder_step_reference(
     settings: StepSettings = StepSettings(),
     summaries=None,
     inv_freq=None,
+    question_blocks=None,
 ) -> torch.Tensor:
     """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified),
     rounded to the stores' dtype (fp32, fp16 or bf16), which attention reads back in fp32.
@@ -86,7 +87,8 @@ def decoder_step_reference(
     `act` (SILU, or GELU_TANH: GeGLU). cos, sin: [D], or [2, D] whose second row rotates the
     layers with a window (`settings.windows`), which attend densely to (pos - window, pos].
     Logits are soft-capped where `settings.softcap` says. An MSA step (pos >=
-    settings.sparse_from) needs `summaries` and `inv_freq` [D/2]."""
+    settings.sparse_from) needs `summaries` and `inv_freq` [D/2]; `question_blocks`, per layer,
+    are blocks it reads besides its own choice where they lie before its local window."""
     x = x.clone()
     d = cos.shape[-1]
     cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
@@ -120,6 +122,8 @@ def decoder_step_reference(
                 # one set for every KV head, taken from the heads' choices in turn, in every
                 # layer that selects; the selection layer's is read by the layers after it
                 joined = _share(_msa_choice(q0, summaries[layer], pos, settings), settings)
+                if question_blocks:
+                    joined = _with_question(joined, question_blocks[layer], pos, settings)
                 chosen = [joined] * n_kv_heads
                 if layer == settings.selection_layer:
                     shared = joined
@@ -199,6 +203,15 @@ def _share(chosen, s: StepSettings):
                 taken.append(head_ranked[r])
     sink_end = n_far - s.topk
     return blocks[:sink_end] + sorted(taken) + blocks[n_far:], n_far, None
+
+
+def _with_question(chosen, question, pos: int, s: StepSettings):
+    """(blocks, n_far, None) with the question's blocks before the local window that it lacks
+    among its far blocks."""
+    blocks, n_far, _ = chosen
+    window_first = pos // s.block_size - s.local_blocks + 1
+    far = sorted(set(blocks[:n_far]) | {b for b in question if b < window_first})
+    return far + blocks[n_far:], len(far), None
 
 
 def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):

@@ -194,6 +194,7 @@ class FusedDecode:
                 absent=cache.absent_blocks,
                 load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
                 scales=scales,
+                question_blocks=[cache.question_blocks(layer) for layer in range(cache.n_layers)],
             )
         cache.advance(1)
         return x

@@ -80,7 +80,8 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
     """Selected blocks [Hkv, n_qblocks, K] of a chunk. A document's chunk scores blocks as the keys
     are stored, each KV head its own; a chunk of the question (`ctx.question_from`) scores them
     by content and reads the union over KV heads (a selection layer's is read again by the layers
-    after it; msa_decode.py does the same for every decode step)."""
+    after it; msa_decode.py does the same for every decode step). What its last query block
+    reads is kept in the cache for the answer's decode steps (msa_decode.py)."""
     n_tokens = q_start + q.shape[1]
     cache, plan = ctx.cache, ctx.plan
     if not ctx.in_question(q_start):
@@ -90,7 +91,10 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
         summaries = cache.block_summaries(layer, n_tokens, by_content=True)
         return _select(cache.score_frame(q, q_start), q_start, summaries, plan, plan.block_size)
 
-    return ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
+    idx = ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
+    last = idx[0, -1]  # the chunk's last query block: where a question ends, the answer begins
+    cache.keep_question_blocks(layer, last[last >= 0].tolist())
+    return idx
 
 
 def _select(q, q_start, summaries, s, block_size):

@@ -17,7 +17,8 @@ Blocks are scored by content (keys and query rotated back to position 0, msa.py)
 head of a layer reads one set of blocks, as many as one head selects, taken from the heads'
 choices in turn (`ForwardContext.select_shared`); with `settings.selection_layer`, the layers
 after it skip selection altogether and read that layer's set (kept in the forward's context for
-the step).
+the step). The far blocks the question's last query block read (`KVCache.question_blocks`) are
+read besides, so that the whole answer keeps what the question found.
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -43,7 +44,9 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
         layer,
         (q_start, 1),
         lambda: _choose(q, cache, layer, q_start, plan),
-        lambda chosen: _shared_by_heads(*chosen),
+        lambda chosen: with_question_blocks(
+            _shared_by_heads(*chosen), cache.question_blocks(layer), q_start, plan
+        ),
     )  # [Hkv, W]
     cache.load_blocks(layer, idx)
     width = idx.shape[1]
@@ -162,6 +165,24 @@ def _shared_by_heads(idx, n_far, n_chosen, ranked):
     row = idx[0].clone()
     row[n_far - topk : n_far] = torch.tensor(sorted(taken), dtype=row.dtype, device=row.device)
     return row.expand(idx.shape[0], -1), n_far, n_chosen, None
+
+
+def with_question_blocks(chosen, blocks: list[int], q_start: int, plan):
+    """A step's selection (idx [Hkv, W], n_far, n_chosen, ranked) with the blocks the question
+    read (`KVCache.question_blocks`) that lie before the step's local window and that it did not
+    choose itself added to its far blocks, in order. Measured (README, "Answer quality"): an
+    answer's digit steps whose own top-k had lost the needle's block copied a wrong digit, where
+    the question's blocks held it; each step then reads at most the question's blocks more."""
+    idx, n_far, n_chosen, ranked = chosen
+    window_first = q_start // plan.block_size - plan.local_blocks + 1
+    row = idx[0].tolist()
+    far = set(row[:n_far])
+    extra = [b for b in blocks if b < window_first and b not in far]
+    if not extra:
+        return chosen
+    far_blocks = sorted(far.union(extra))
+    new = torch.tensor(far_blocks + row[n_far:n_chosen], dtype=idx.dtype, device=idx.device)
+    return new.expand(idx.shape[0], -1), len(far_blocks), len(new), ranked
 
 
 def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_size: int):

@@ -115,6 +115,34 @@ def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch, request
         )
 
 
+def test_fused_steps_read_the_questions_blocks_as_the_per_op_path(model, request):
+    """After a question's chunk, both paths' steps read the blocks it read besides their own."""
+    settings = AttentionSettings(
+        mode="msa", block_size=16, topk=2, selection_layer=None, kv_dtype="fp32"
+    )
+    vocab = model.config.vocab_size
+
+    def asked(cache, forget=False):
+        question = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(2))
+        model(question, cache, question_from=cache.length, fused=False)
+        assert cache.question_blocks(0)  # what its last query block read
+        if forget:
+            cache.forget_question_blocks()
+        return cache
+
+    fused, per_op, fused_cache, _ = _decode_both(model, settings, 400, 16, prepare=asked)
+    scale = float(per_op.abs().max())
+    tol = 1e-5 * (10 if request.node.callspec.params["model"] == "int4" else 1)
+    assert_close(fused, per_op, atol=tol * scale, what="logits")
+    assert fused_cache.question_blocks(0)  # decode steps keep the record
+    alone, _, _, _ = _decode_both(
+        model, settings, 400, 16, prepare=lambda cache: asked(cache, forget=True)
+    )
+    assert (fused - alone).abs().max() > 100 * tol * scale  # the blocks changed what was read
+    model(torch.tensor([1, 2]), fused_cache)  # a prefill chunk that is no question
+    assert not fused_cache.question_blocks(0)
+
+
 # One unit in the last place at 1.0 of each 16-bit K/V dtype (int8 K/V: one code).
 STORED_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}
 

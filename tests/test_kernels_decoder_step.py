@@ -111,6 +111,7 @@ def run_both(
     kv_dtype=torch.float32,
     angles=None,
     eps=1e-5,
+    question_blocks=None,
 ):
     """(fused x, reference x, fused K/V stores, reference K/V stores) of one step at `pos`;
     `angles`: its cos, sin ([D], or [2, D] for two kinds of layers; None: `angles_of(pos)`)."""
@@ -134,6 +135,7 @@ def run_both(
         settings=settings,
         summaries=sums,
         inv_freq=inv_freq(),
+        question_blocks=question_blocks,
     )
     actual = step.step(
         x.clone(),
@@ -146,6 +148,7 @@ def run_both(
         summaries=sums,
         absent=absent,
         load_blocks=load_blocks,
+        question_blocks=question_blocks,
     )
     return actual, expected, (fk, fv), (keys, values)
 
@@ -202,6 +205,22 @@ def test_msa_step_matches_reference(extension, kind, settings, pos):
     tol = TOL if kind == ds.FP32 else dict(atol=1e-2, rtol=1e-2)
     assert_close(actual, expected, **tol, what=f"hidden state, {settings}")
     assert_close(fk[-1], keys[-1], **tol, what="keys of the last layer")
+
+
+@pytest.mark.parametrize("settings", [MSA_CASES[0], MSA_CASES[1], MSA_CASES[3], MSA_CASES[4]])
+def test_the_questions_blocks_are_read_besides_the_steps_own(extension, settings):
+    """Per layer, blocks the question read: those before the local window join the step's far
+    blocks (bounded distances move them with the rest), the others are already read."""
+    pos, block = CAP - 1, settings.block_size
+    window_first = pos // block - settings.local_blocks + 1
+    question = [[0, 1, 2, 5, window_first - 1, window_first], [], [3, 4, 6, window_first]]
+    sums = summaries(2, block)
+    actual, expected, _, _ = run_both(
+        extension, ds.FP32, 6, 2, pos, settings, sums, question_blocks=question
+    )
+    assert_close(actual, expected, **TOL, what=f"hidden state, {settings}")
+    alone, _, _, _ = run_both(extension, ds.FP32, 6, 2, pos, settings, sums)
+    assert (actual - alone).abs().max() > 1e-3  # the added blocks changed what it read
 
 
 def test_msa_ties_go_to_the_lower_block(extension):

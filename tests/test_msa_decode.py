@@ -331,3 +331,50 @@ def test_ranked_blocks_taken_in_turn_are_what_a_shared_step_reads(k):
     assert ranked.shape == (2, 8)
     got = sorted(heads_in_turn(ranked, k))
     assert got == _taken_in_turn(q, cache, 0, n, topk=k, sink=1, local=1)
+
+
+@pytest.mark.parametrize("bounded_from", [0, 10**9])
+def test_a_step_reads_the_questions_blocks_besides_its_own(bounded_from):
+    """Blocks the question read that lie before the step's local window join its far blocks
+    (at bounded distances moved with them); those in its window it reads anyway."""
+    n = 300  # the step at 299: block 18, local window 17..18
+    cache, rope, _, _ = _cache(n, hkv=2, topk=3, local_blocks=2, bounded_from=bounded_from)
+    q = torch.randn(6, 1, 16)
+    own = _joined(q, cache, 0, n)[0, 0].tolist()  # sink, 3 far blocks, the window
+    question = [b for b in (2, 5, 9, 16, 17) if b not in own[1:4]][:3] + [17]
+    cache.keep_question_blocks(0, question)
+    far = sorted(set(own[:4]) | {b for b in question if b < 17})
+    assert len(far) == 4 + len(question) - 1
+    idx = torch.tensor([*far, 17, 18], dtype=torch.int32).expand(2, -1)[:, None]
+    _, want = _reference_general(q, cache, rope, n, idx=idx)
+    got = _decode(q, cache, 0, n - 1, rope)
+    assert_close(got, want, atol=1e-5, what="step with the question's blocks")
+    cache.forget_question_blocks()
+    alone = _decode(q, cache, 0, n - 1, rope)
+    assert (got - alone).abs().max() > 1e-3
+
+
+def test_a_question_chunk_keeps_what_its_last_query_block_read():
+    n, tq = 300, 20  # positions 280..299: query blocks 17 and 18
+    cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
+    queries = [torch.randn(6, tq, 16) for _ in range(2)]
+    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    for layer, q in enumerate(queries):
+        attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], chunk, layer)
+        own = msa._select(
+            cache.score_frame(q, n - tq),
+            n - tq,
+            cache.block_summaries(layer, n, by_content=True),
+            cache.plan,
+            16,
+        )
+        last = _union(own)[0, -1]
+        assert cache.question_blocks(layer) == last[last >= 0].tolist()
+    document = ForwardContext.open(cache, rope, n - tq, tq)  # not the question: nothing kept
+    cache.forget_question_blocks()
+    attend(queries[0], cache.k[0][:, :n], cache.v[0][:, :n], document, 0)
+    assert cache.question_blocks(0) == []
+    cache.keep_question_blocks(0, [1, 2])
+    cache.advance(n)
+    cache.truncate(n - tq)  # the question is gone
+    assert cache.question_blocks(0) == []

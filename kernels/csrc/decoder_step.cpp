@@ -373,6 +373,24 @@ Selection share_by_heads(const std::vector<Selection>& heads, const Settings& s)
   return shared;
 }
 
+// The selection with the blocks the question read (ascending) that lie before the token's local
+// window and that it did not choose added to its far blocks, in order (msa_decode.py).
+Selection with_question_blocks(const Selection& sel, const std::vector<int64_t>& question, int64_t pos,
+                               const Settings& s) {
+  const int64_t window_first = pos / s.block_size - s.local_blocks + 1;
+  std::vector<int64_t> far(sel.blocks.begin(), sel.blocks.begin() + sel.n_far);
+  const size_t chosen = far.size();
+  for (int64_t b : question)
+    if (b < window_first && !std::binary_search(far.begin(), far.begin() + chosen, b)) far.push_back(b);
+  if (far.size() == chosen) return sel;
+  std::sort(far.begin(), far.end());
+  Selection out;
+  out.n_far = static_cast<int64_t>(far.size());
+  out.blocks = far;
+  out.blocks.insert(out.blocks.end(), sel.blocks.begin() + sel.n_far, sel.blocks.end());
+  return out;
+}
+
 // The segments one token reads in MSA: each selected block up to the token. Far blocks (the
 // first n_far) are read at a bounded distance when pos >= bounded_from: far slot j (block b)
 // moves forward by (window_first - b) - (n_far - j) blocks, which RoPE lets us apply to the
@@ -515,7 +533,8 @@ class DecoderStack {
   // See DecoderStep.step in decoder_step.py. cos, sin: [D] or [kinds, D], the angles of `pos` of
   // each kind of layer (row 0: the global layers', row 1: the windowed layers'); windows: per
   // layer, the sliding window (<= 0: none), or empty; softcap: of the attention logits (<= 0:
-  // none). Returns (-1, [], shared) when every layer ran, or
+  // none); question_blocks: per layer, the blocks the question read (ascending), which an MSA
+  // step reads besides its own choice, or empty. Returns (-1, [], shared) when every layer ran, or
   // (layer, blocks, shared) when `layer` selected blocks that `absent` marks as not in the
   // stores yet: x is then as that layer found it; load the blocks and call again from it,
   // passing `shared` back.
@@ -524,7 +543,7 @@ class DecoderStack {
       const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
       std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, int64_t first_layer,
-      std::vector<int64_t> shared_in) const {
+      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& question_blocks) const {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
     const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
@@ -533,6 +552,8 @@ class DecoderStack {
     TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
     const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
     TORCH_CHECK(windows.empty() || windows.size() == layers_.size(), "windows: one per layer, or none");
+    TORCH_CHECK(question_blocks.empty() || question_blocks.size() == layers_.size(),
+                "question_blocks: one list per layer, or none");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                     sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && cos.size(-1) == d_ &&
                     (cos.dim() == 1 || (cos.dim() == 2 && (cos.size(0) == 1 || cos.size(0) == 2))),
@@ -628,7 +649,9 @@ class DecoderStack {
           });
           // one set for every KV head, the heads' choices taken in turn, in every selecting
           // layer; the selection layer's is read by the layers after it
-          const Selection joined = share_by_heads(sel, s);
+          const Selection joined = question_blocks.empty()
+                                       ? share_by_heads(sel, s)
+                                       : with_question_blocks(share_by_heads(sel, s), question_blocks[li], pos, s);
           sel.assign(static_cast<size_t>(n_kv_heads_), joined);
           if (layer == s.selection_layer) {
             shared = joined;
