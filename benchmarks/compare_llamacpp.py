@@ -96,7 +96,7 @@ def msa_worker(job: dict) -> dict:
     del warm
     cache = model.new_cache(capacity=len(ids) + len(decode))
     start, cpu = time.perf_counter(), time.process_time()
-    document = len(ids) - QUESTION_TOKENS
+    document = max(0, len(ids) - QUESTION_TOKENS)
     prefill(model, cache, ids[:document])
     prefill(model, cache, ids[document:], question_from=document)
     prefill_s, prefill_cpu_s = time.perf_counter() - start, time.process_time() - cpu
