@@ -58,7 +58,11 @@ class ForwardContext:
         local_rope: RotaryEmbedding | None = None,
     ) -> ForwardContext:
         """`rope`: the global layers' (the cache re-rotates far blocks with it); `local_rope`:
-        the local layers' (sliding window, attention_plan.py), None: the same."""
+        the local layers' (sliding window, attention_plan.py), None: the same. A forward of
+        several tokens forgets what the cache kept of a question's blocks (msa.py keeps them
+        again where its chunk is a question's)."""
+        if count > 1:  # a prefill chunk: what a question read is the last such chunk's
+            cache.forget_question_blocks()
         cos, sin = rope.cos_sin_range(start, count)
         ctx = cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
         if local_rope is not None:

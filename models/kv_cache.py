@@ -242,7 +242,7 @@ class KVCache(RestoredBlocks):
     def keep_question_blocks(self, layer: int, blocks: list[int]) -> None:
         """Record the blocks the question's last query block read in `layer` (msa.py); the
         answer's decode steps read them besides their own. Every forward of several tokens
-        starts by forgetting the record (`forget_question_blocks`): it is the last chunk's."""
+        starts by forgetting the record (`ForwardContext.open`): it is the last chunk's."""
         self._question_blocks[layer] = sorted(blocks)
 
     def question_blocks(self, layer: int) -> list[int]:

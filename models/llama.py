@@ -283,8 +283,6 @@ class Transformer(nn.Module):
             x = self.embed(tokens)[0].contiguous()
             logits = self.logits(self.fused_decode.run(x, cos, sin, cache))
             return logits.float()[None] if all_logits else logits.float()
-        if count > 1:  # a prefill chunk: what a question read is the last such chunk's
-            cache.forget_question_blocks()
         ctx = ForwardContext.open(
             cache,
             self.rope,

@@ -370,8 +370,8 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
         )
         last = _union(own)[0, -1]
         assert cache.question_blocks(layer) == last[last >= 0].tolist()
-    document = ForwardContext.open(cache, rope, n - tq, tq)  # not the question: nothing kept
-    cache.forget_question_blocks()
+    document = ForwardContext.open(cache, rope, n - tq, tq)  # a chunk forgets, keeps nothing
+    assert cache.question_blocks(1) == []
     attend(queries[0], cache.k[0][:, :n], cache.v[0][:, :n], document, 0)
     assert cache.question_blocks(0) == []
     cache.keep_question_blocks(0, [1, 2])
