@@ -3,8 +3,8 @@
 What it measures, for each context length (default 512, 2K, 8K, 32K tokens):
 - prefill tokens/s: one prompt of that many tokens (the same random token ids for both
   engines) read into an empty cache, wall-clock; msa reads its last 64 tokens as `msa ask`
-  reads a question after a document (a prefill call of their own, which the answer's decode
-  steps then read again: models/msa_decode.py);
+  reads a question after a document (msa.engine.bench.prefill_as_asked: the answer's decode
+  steps read the question's blocks again);
 - decode tokens/s: the next --decode tokens fed one at a time after that prompt, each step
   computing the logits of its token (the same ids for both engines: speed does not depend on
   which token comes next), wall-clock;
@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 LLAMA_CPP_VERSION = "0.3.36"
-QUESTION_TOKENS = 64  # the prompt's tail msa prefills as a question
 DEFAULT_VENV = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "msa" / "llamacpp-venv"
 )
@@ -78,7 +77,7 @@ def msa_worker(job: dict) -> dict:
 
     import torch
 
-    from msa.engine.generate import prefill
+    from msa.engine.bench import prefill_as_asked
     from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])
@@ -96,9 +95,7 @@ def msa_worker(job: dict) -> dict:
     del warm
     cache = model.new_cache(capacity=len(ids) + len(decode))
     start, cpu = time.perf_counter(), time.process_time()
-    document = max(0, len(ids) - QUESTION_TOKENS)
-    prefill(model, cache, ids[:document])
-    prefill(model, cache, ids[document:], question_from=document)
+    prefill_as_asked(model, cache, ids)
     prefill_s, prefill_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     start, cpu = time.perf_counter(), time.process_time()
     for token in decode:

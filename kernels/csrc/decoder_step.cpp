@@ -649,9 +649,8 @@ class DecoderStack {
           });
           // one set for every KV head, the heads' choices taken in turn, in every selecting
           // layer; the selection layer's is read by the layers after it
-          const Selection joined = question_blocks.empty()
-                                       ? share_by_heads(sel, s)
-                                       : with_question_blocks(share_by_heads(sel, s), question_blocks[li], pos, s);
+          Selection joined = share_by_heads(sel, s);
+          if (!question_blocks.empty()) joined = with_question_blocks(joined, question_blocks[li], pos, s);
           sel.assign(static_cast<size_t>(n_kv_heads_), joined);
           if (layer == s.selection_layer) {
             shared = joined;

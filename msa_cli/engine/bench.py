@@ -27,16 +27,27 @@ def anon_rss_mb() -> float:
     return 0.0
 
 
+def prefill_as_asked(model, cache, ids: list[int]):
+    """Prefill a bench prompt as `msa ask` reads a document and its question: all but the last
+    `QUESTION_TOKENS` as the document, those as the question (whose blocks the answer's steps
+    read again). The last token's logits."""
+    from .generate import prefill
+
+    document = max(0, len(ids) - QUESTION_TOKENS)
+    prefill(model, cache, ids[:document])
+    return prefill(model, cache, ids[document:], question_from=document)
+
+
 def run_e2e(
     loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None
 ) -> list[dict]:
     """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
     under the attention `settings` (AttentionSettings; None: the defaults). As in `msa ask`,
-    the prompt's last `QUESTION_TOKENS` are prefilled as a question (the answer's steps read the
-    blocks it read), and K/V too large for memory live in files under `spill_dir`."""
+    the prompt's last tokens are prefilled as a question (`prefill_as_asked`), and K/V too
+    large for memory live in files under `spill_dir`."""
     import torch
 
-    from .generate import new_cache, prefill, step
+    from .generate import new_cache, step
 
     model = loaded.model
     generator = torch.Generator().manual_seed(0)
@@ -46,9 +57,7 @@ def run_e2e(
         capacity = length + decode_tokens
         cache = new_cache(model, capacity=capacity, attention=settings, spill_dir=spill_dir)
         start = time.perf_counter()
-        document = max(0, length - QUESTION_TOKENS)
-        prefill(model, cache, ids[:document])
-        logits = prefill(model, cache, ids[document:], question_from=document)
+        logits = prefill_as_asked(model, cache, ids)
         prefill_s = time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(decode_tokens):
