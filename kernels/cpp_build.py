@@ -25,7 +25,8 @@ AVX512 = {"avx512f", "avx512bw", "avx512vl"}
 
 def _cpu_flags() -> list[str]:
     """-O3, and AVX2/FMA/F16C where this CPU has them, and AVX-512 F/BW/VL and VNNI (AVX-512's
-    or AVX-VNNI) for the GGUF block kernels (the build is this machine's own)."""
+    or AVX-VNNI) for the GGUF block kernels, AVX-512 BF16 for prefill's attention (the build is
+    this machine's own)."""
     flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
         flags += ["-mavx2", "-mfma", "-mf16c"]
@@ -34,6 +35,8 @@ def _cpu_flags() -> list[str]:
             flags += ["-DMSA_GGML_AVX512"]
             if "avx512_vnni" in cpu_flags():
                 flags += ["-DMSA_GGML_VNNI"]
+            if "avx512_bf16" in cpu_flags():  # bf16 dot products (attention_bf16.cpp)
+                flags += ["-DMSA_AVX512_BF16"]
         elif "avx_vnni" in cpu_flags():
             flags += ["-DMSA_GGML_VNNI"]
     return flags

@@ -3,9 +3,10 @@
 It reads the plan of `ctx` (attention_plan.py) and picks, for the queries of one forward:
 - in a local layer (the plan gives it a sliding window), dense attention over the window, for
   every query: MSA selects blocks only in the global layers;
-- dense attention for the queries before `plan.sparse_from` (all of a chunk that lies there
-  takes PyTorch's fused kernel directly, no argument checks per layer, window_attention.py; so
-  do soft-capped logits, which keep the whole model dense, in plain PyTorch);
+- dense attention for the queries before `plan.sparse_from`: PyTorch's fused kernel directly,
+  no argument checks per layer, or in a prefill chunk of a model that multiplies in bf16 the
+  bf16 kernel (`ctx.bf16_attention`, kernels/attention_bf16.py); soft-capped logits, which keep
+  the whole model dense, in plain PyTorch (window_attention.py);
 - one sparse query (a decode step): msa_decode.py's path, the same attention in far fewer ops;
 - a sparse chunk: msa.py's chunked MSA, at true positions before `plan.bounded_from` and with
   far blocks moved to a bounded distance from there on.
@@ -17,8 +18,6 @@ device. A whole one-token forward may instead run the fused C++ decode step
 from __future__ import annotations
 
 import torch
-
-from msa.kernels import dense_attention
 
 from .forward import ForwardContext
 from .msa import chunk_attend
@@ -40,15 +39,16 @@ def attend(
     window = plan.window(layer)
     if window is not None or n_dense == tq:
         cache.load_tokens(layer, window_start(q_start, window), q_start + tq)
-        return dense_window_attention(q, q_start, keys, values, window, plan.softcap)
+        return dense_window_attention(
+            q, q_start, keys, values, window, plan.softcap, bf16=ctx.bf16_attention
+        )
     if tq == 1:
         return decode_attend(q, ctx, layer)
     parts = []
     if n_dense:
-        end = q_start + n_dense
-        cache.load_tokens(layer, 0, end)
+        cache.load_tokens(layer, 0, q_start + n_dense)
         parts.append(
-            dense_attention(q[:, :n_dense], keys[:, :end], values[:, :end], q_start=q_start)
+            dense_window_attention(q[:, :n_dense], q_start, keys, values, bf16=ctx.bf16_attention)
         )
     parts += chunk_attend(q[:, n_dense:], q_start + n_dense, keys, values, ctx, layer)
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

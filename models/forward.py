@@ -44,6 +44,8 @@ class ForwardContext:
     # the local layers' RoPE angles where they differ from the global ones (Gemma 3's two bases)
     local_cos: torch.Tensor | None = None
     local_sin: torch.Tensor | None = None
+    # prefill's attention on bf16 dot products (msa.kernels.attention_bf16); never a decode step's
+    bf16_attention: bool = False
 
     @classmethod
     def open(
@@ -56,15 +58,18 @@ class ForwardContext:
         question_from: int | None = None,
         observer: AttentionObserver | None = None,
         local_rope: RotaryEmbedding | None = None,
+        bf16_attention: bool = False,
     ) -> ForwardContext:
         """`rope`: the global layers' (the cache re-rotates far blocks with it); `local_rope`:
-        the local layers' (sliding window, attention_plan.py), None: the same. A forward of
+        the local layers' (sliding window, attention_plan.py), None: the same; `bf16_attention`:
+        a chunk's dense attention on bf16 products (attention.py). A forward of
         several tokens forgets what the cache kept of a question's blocks (msa.py keeps them
         again where its chunk is a question's)."""
         if count > 1:  # a prefill chunk: what a question read is the last such chunk's
             cache.forget_question_blocks()
         cos, sin = rope.cos_sin_range(start, count)
         ctx = cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
+        ctx.bf16_attention = bf16_attention and count > 1
         if local_rope is not None:
             ctx.local_cos, ctx.local_sin = local_rope.cos_sin_range(start, count)
         return ctx

@@ -137,13 +137,9 @@ class Block(nn.Module):
 
 
 # what a class body holds besides what it defines
-_CLASS_METADATA = {
-    "__module__",
-    "__qualname__",
-    "__doc__",
-    "__firstlineno__",
-    "__static_attributes__",
-}
+_CLASS_METADATA = frozenset(
+    "__module__ __qualname__ __doc__ __firstlineno__ __static_attributes__".split()
+)
 
 
 def _changes_only(cls: type, base: type, names: set[str]) -> bool:
@@ -158,6 +154,7 @@ class Transformer(nn.Module):
     block_class = Block  # the decoder layer, built as block_class(config, layer index)
     norm_offset = 0.0  # RMSNorm scales by weight + norm_offset (1: Gemma style)
     local_rope: RotaryEmbedding | None = None  # the local layers' RoPE, if not self.rope
+    bf16_attention = False  # prefill's attention on bf16 products (loading.py sets it)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -291,6 +288,7 @@ class Transformer(nn.Module):
             question_from=question_from,
             observer=observer,
             local_rope=self.local_rope,
+            bf16_attention=self.bf16_attention,
         )
         x = self.embed(tokens)  # [T, hidden]
         for i, layer in enumerate(self.layers):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from msa.kernels import attention_bf16
+
 from .architectures import model_class
 from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
@@ -186,8 +188,10 @@ def load_model(
         to_quantize = quant
     model = build_model(ckpt, DTYPES[compute], quant=to_quantize, fuse=fuse)
     bf16_prefill = choose_bf16_prefill(model, dtype_name)
+    model.bf16_attention = bf16_prefill and attention_bf16.serves(model.config.head_dim)
     # the prefix cache keys on the digest: K/V prefilled from bf16 products differ
-    prefill = "+".join(p for p in (prefill_copies(model), bf16_prefill and "bf16-tiles") if p)
+    labels = (prefill_copies(model), bf16_prefill and "bf16-tiles")
+    prefill = "+".join(p for p in (*labels, model.bf16_attention and "bf16-attention") if p)
     loaded = LoadedModel(
         name=src.name,
         model=model,

@@ -33,6 +33,7 @@ from msa.kernels import (
     sparse_decode_attention,
     sparse_prefill_attention,
 )
+from msa.kernels.attention_bf16 import attention_bf16
 from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
@@ -63,14 +64,17 @@ def chunk_attend(
         q_true = q[:, :n_true]
         idx = _chosen(q_true, q_start, ctx, layer)
         cache.load_blocks(layer, idx)
-        parts.append(_sparse(q_true, q_start, keys, values, idx, plan.block_size))
+        if ctx.bf16_attention:
+            parts.append(_gathered(q_true, q_start, keys, values, idx, plan, None, bf16=True))
+        else:
+            parts.append(_sparse(q_true, q_start, keys, values, idx, plan.block_size))
     if n_true < tq:
         q_moved = q[:, n_true:]
         idx = _chosen(q_moved, q_start + n_true, ctx, layer)
         cache.load_blocks(layer, idx)
         parts.append(
-            _sparse_repositioned(
-                q_moved, q_start + n_true, keys, values, idx, plan, plan.block_size, ctx.rope
+            _gathered(
+                q_moved, q_start + n_true, keys, values, idx, plan, ctx.rope, ctx.bf16_attention
             )
         )
     return parts
@@ -137,21 +141,25 @@ def _sparse(q, q_start, keys, values, idx, block_size):
     return sparse_prefill_attention(q, q_start, keys[:, :end], values[:, :end], idx, block_size)
 
 
-def _sparse_repositioned(q, q_start, keys, values, idx, s, block_size, rope):
-    """MSA with far blocks re-rotated to a bounded distance, all query blocks of the chunk in
-    one batched attention call: query block j reads its own selection idx[:, j] ([Hkv, nq, K])."""
+def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
+    """MSA over the gathered tokens of the selected blocks, all query blocks of the chunk in one
+    batched attention call: query block j reads its own selection idx[:, j] ([Hkv, nq, K]).
+    With `rope`, far blocks are re-rotated to a bounded distance first (None: true positions).
+    `bf16`: on bf16 dot products (kernels/attention_bf16.py), else PyTorch's fused kernel."""
     end = q_start + q.shape[1]
     hq, tq, d = q.shape
     hkv, nq, _ = idx.shape
     group = hq // hkv
+    block_size = s.block_size
     first_qblock = q_start // block_size
     k_sel, v_sel, key_pos = gather_selected_tokens(
         keys[:, :end], values[:, :end], idx, block_size
     )  # [Hkv, nq, K*B, .]
-    window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(
-        min=0
-    )  # [nq]
-    k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
+    if rope is not None:
+        window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(
+            min=0
+        )  # [nq]
+        k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
     # Queries laid out by query block, `rows` per block: chunk row t sits at slot t + offset. A
     # chunk inside one block (decode, a short question) needs no padding.
     rows, offset = (block_size, q_start % block_size) if nq > 1 else (tq, 0)
@@ -162,6 +170,18 @@ def _sparse_repositioned(q, q_start, keys, values, idx, s, block_size, rope):
     qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv * nq, group, rows, d)
     # Padding rows get the block's last position, so every row reads at least one key.
     q_pos = (q_start - offset + torch.arange(nq * rows)).clamp(q_start, end - 1)
+    if bf16:  # rows (g, r) of each (KV head, query block), their positions as the mask's
+        row_pos = q_pos.view(1, nq, 1, rows).expand(hkv, nq, group, rows).reshape(hkv * nq, -1)
+        o = attention_bf16(
+            qg.reshape(hkv * nq, group * rows, d),
+            k_sel.reshape(hkv * nq, -1, d),
+            v_sel.reshape(hkv * nq, -1, d),
+            row_pos,
+            key_pos.reshape(hkv * nq, -1),
+            d**-0.5,
+        )  # [Hkv*nq, G*rows, D]
+        o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
+        return o[:, offset : offset + tq].to(q.dtype)
     key_pos = key_pos[:, :, None, :]  # [Hkv, nq, 1, K*B], -1 for padding
     allowed = (key_pos <= q_pos.view(1, nq, rows, 1)) & (key_pos >= 0)  # [Hkv, nq, rows, K*B]
     o = F.scaled_dot_product_attention(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from msa.kernels.attention_bf16 import dense_attention_bf16
 from msa.kernels.dense import dense_attention_sdpa, masked_attention_sdpa
 
 # Soft-capped attention materializes its logits: at most this many per slice of queries.
@@ -28,14 +29,18 @@ def dense_window_attention(
     values: torch.Tensor,
     window: int | None = None,
     softcap: float | None = None,
+    *,
+    bf16: bool = False,
 ) -> torch.Tensor:
     """q: [Hq, Tq, D] at positions q_start..; keys, values: [Hkv, >= q_start+Tq, D]. Exact
     softmax attention at scale D**-0.5 over the keys each query reads: (p - window, p], or all
-    up to p for window None. Returns [Hq, Tq, D] in q's dtype."""
+    up to p for window None. Returns [Hq, Tq, D] in q's dtype. `bf16`: a global layer's queries
+    on bf16 dot products (kernels/attention_bf16.py)."""
     tq = q.shape[1]
     end = q_start + tq
     if window is None and softcap is None:
-        return dense_attention_sdpa(q, q_start, keys[:, :end], values[:, :end], q.shape[-1] ** -0.5)
+        dense = dense_attention_bf16 if bf16 else dense_attention_sdpa
+        return dense(q, q_start, keys[:, :end], values[:, :end], q.shape[-1] ** -0.5)
     first = window_start(q_start, window)
     k, v = keys[:, first:end], values[:, first:end]  # [Hkv, n, D]
     positions = torch.arange(q_start, end, device=q.device)[:, None]

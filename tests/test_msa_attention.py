@@ -12,7 +12,7 @@ from tiny_checkpoints import tiny_model
 from msa.models.attention_plan import AttentionPlan
 from msa.models.attention_settings import AttentionSettings
 from msa.models.layers import RotaryEmbedding, apply_rope
-from msa.models.msa import _select, _sparse_repositioned
+from msa.models.msa import _gathered, _select
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (3, 3), (8, 1)])
@@ -146,7 +146,7 @@ def test_far_blocks_sit_at_a_bounded_distance(q_start, tq):
     summaries = block_summaries(keys, block, "minmax")
     plan = AttentionPlan.of(settings, block)
     idx = _select(q, q_start, summaries, plan, block)
-    got = _sparse_repositioned(q, q_start, keys, v, idx, plan, block, rope)
+    got = _gathered(q, q_start, keys, v, idx, plan, rope, bf16=False)
     expected = _repositioned_reference(
         q_pre, k_pre, v, idx, q_start, block, settings.local_blocks, rope
     )

@@ -1,5 +1,5 @@
 """The one-query MSA path (models/msa_decode.py) against the general chunk path it stands in
-for (msa._select, msa._sparse, msa._sparse_repositioned) and against the from-scratch
+for (msa._select, msa._sparse, msa._gathered) and against the from-scratch
 reference of bounded positions; the selection layer's choice shared with the layers after it."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _reference_general(q, cache, rope, n_tokens, layer=0, idx=None):
         else idx
     )
     if q_start >= s.bounded_from:
-        return idx, msa._sparse_repositioned(q, q_start, keys, values, idx, s, block, rope)
+        return idx, msa._gathered(q, q_start, keys, values, idx, s, rope, bf16=False)
     return idx, msa._sparse(q, q_start, keys, values, idx, block)
 
 
@@ -304,8 +304,8 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
     union = [_union(idx) for idx in own]  # what a question's chunk reads in a selecting layer
     for layer, q in enumerate(queries):
         idx = union[min(layer, 1)] if in_question else own[layer]
-        want = msa._sparse_repositioned(
-            q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.plan, 16, rope
+        want = msa._gathered(
+            q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.plan, rope, False
         )
         got = attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], chunk, layer)
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")

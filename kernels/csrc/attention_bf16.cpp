@@ -1,0 +1,281 @@
+// Causal attention on bf16 dot products, for prefill on CPUs with AVX-512 BF16 (vdpbf16ps:
+// pairs of bf16 multiplied and summed into fp32 lanes). See msa.kernels.attention_bf16, whose
+// `attention_bf16_reference` is the definition in plain PyTorch this kernel is tested against.
+//
+// Batch b holds rows of queries (a KV head's G query heads folded with the queries) and the keys
+// they may read; key j is visible to row r when 0 <= k_pos[j] <= q_pos[r] (the causal rule by
+// positions: a dense chunk's keys at 0..T-1, or the gathered blocks of an MSA selection with -1
+// for padding). Scores are the bf16 queries times the bf16 keys summed in fp32, scaled; the
+// softmax runs in fp32 (flash attention's running max and sum, 64 keys at a time); the weights
+// are rounded to bf16 and multiplied with the bf16 values, summed in fp32; the output is divided
+// by the sum of the unrounded weights.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+
+#ifdef MSA_AVX512_BF16
+#include <immintrin.h>
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#endif
+
+namespace {
+
+#ifdef MSA_AVX512_BF16
+
+constexpr int64_t kLanes = 16;  // fp32 lanes of a zmm register: keys (scores) or channels (output)
+constexpr int64_t kBlock = 64;  // keys per softmax step
+constexpr int64_t kTiles = kBlock / kLanes;
+constexpr int64_t kRows = 32;   // query rows of a task: each block of keys is read once for them
+constexpr int64_t kGroup = 4;   // rows whose scores and outputs are summed in registers at once
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.44269504088896341f;
+
+// One batch's keys and values in the layouts vdpbf16ps reads, padded with zeros to whole blocks:
+// k [blocks * 4][D / 2][16]: for 16 keys, the channel pair p of each key in lane order;
+// v [blocks * 32][D]: for the key pair (2i, 2i+1), each channel's two values.
+struct PackedKeys {
+  std::vector<uint32_t> k, v;
+  std::vector<int32_t> pos;        // [blocks * 64], -1 for padding
+  std::vector<int64_t> lo, hi;     // per block: the smallest and largest position of a key
+  std::vector<uint8_t> all_valid;  // per block: no padding (position < 0)
+};
+
+void pack_keys(const uint16_t* k, const uint16_t* v, const int64_t* k_pos, int64_t n_keys, int64_t d, PackedKeys& out) {
+  const int64_t n_blocks = (n_keys + kBlock - 1) / kBlock, padded = n_blocks * kBlock, pairs = d / 2;
+  out.k.assign(padded * pairs, 0);
+  out.v.assign(padded / 2 * d, 0);
+  out.pos.assign(padded, -1);
+  out.lo.assign(n_blocks, std::numeric_limits<int64_t>::max());
+  out.hi.assign(n_blocks, -1);
+  out.all_valid.assign(n_blocks, 0);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const int64_t tile = j / kLanes, lane = j % kLanes;
+    for (int64_t p = 0; p < pairs; ++p) out.k[(tile * pairs + p) * kLanes + lane] = k32[j * pairs + p];
+    uint16_t* vp = reinterpret_cast<uint16_t*>(out.v.data() + (j / 2) * d);
+    for (int64_t c = 0; c < d; ++c) vp[2 * c + (j % 2)] = v[j * d + c];
+    out.pos[j] = static_cast<int32_t>(std::max<int64_t>(k_pos[j], -1));
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    bool valid = true;
+    for (int64_t j = b * kBlock; j < (b + 1) * kBlock; ++j) {
+      const int64_t p = out.pos[j];
+      if (p < 0) {
+        valid = false;
+        continue;
+      }
+      out.lo[b] = std::min(out.lo[b], p);
+      out.hi[b] = std::max(out.hi[b], p);
+    }
+    out.all_valid[b] = valid;
+  }
+}
+
+inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
+
+// 2^x for lanes x <= 0: x = n + f with |f| <= 1/2, 2^f = e^(f ln2) by its Taylor polynomial to
+// degree 6 (relative error < 2e-7), times 2^n.
+inline __m512 exp2_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.69314718056f));
+  __m512 e = _mm512_set1_ps(1.f / 720.f);
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 120.f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 24.f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 6.f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.5f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(e, n);
+}
+
+// o[r][c0..c0+16*NZ) = o * alpha[r] + sum over the block's 64 keys of w[r][j] v[j][c], for the
+// kGroup rows; w as bf16 pairs of keys (32 a row), v_block the block's packed values.
+template <int NZ>
+inline void add_values(float* o, int64_t d, int64_t c0, const float* alpha, const uint32_t* w, const uint32_t* v_block) {
+  __m512 acc[kGroup][NZ];
+  for (int64_t r = 0; r < kGroup; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int z = 0; z < NZ; ++z) acc[r][z] = _mm512_mul_ps(_mm512_loadu_ps(o + r * d + c0 + z * kLanes), a);
+  }
+  for (int64_t i = 0; i < kBlock / 2; ++i) {
+    __m512bh vals[NZ];
+    for (int z = 0; z < NZ; ++z) vals[z] = as_bf16(_mm512_loadu_si512(v_block + i * d + c0 + z * kLanes));
+    for (int64_t r = 0; r < kGroup; ++r) {
+      const __m512bh wr = as_bf16(_mm512_set1_epi32(static_cast<int>(w[r * (kBlock / 2) + i])));
+      for (int z = 0; z < NZ; ++z) acc[r][z] = _mm512_dpbf16_ps(acc[r][z], wr, vals[z]);
+    }
+  }
+  for (int64_t r = 0; r < kGroup; ++r)
+    for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(o + r * d + c0 + z * kLanes, acc[r][z]);
+}
+
+// The running softmax state of a task's rows: max m (log2 units), sums l (per lane) and the
+// unnormalized outputs o [kRows, D].
+struct RowState {
+  float m[kRows];
+  __m512 l[kRows];
+  std::vector<float> o;
+};
+
+// One block of keys for kGroup rows r0..: scores (log2 units), the softmax step, the weighted
+// values. `whole`: every key of the block is visible to every row (no mask).
+void group_block(const uint32_t* q, int64_t pairs, int64_t d, const uint32_t* kb, const uint32_t* vb,
+                 const int32_t* kpos, bool whole, const int32_t* pos, float scale2, RowState& st, int64_t r0) {
+  __m512 s[kGroup][kTiles];
+  for (int64_t r = 0; r < kGroup; ++r)
+    for (int64_t t = 0; t < kTiles; ++t) s[r][t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh keys[kTiles];
+    for (int64_t t = 0; t < kTiles; ++t) keys[t] = as_bf16(_mm512_loadu_si512(kb + (t * pairs + p) * kLanes));
+    for (int64_t r = 0; r < kGroup; ++r) {
+      const __m512bh qr = as_bf16(_mm512_set1_epi32(static_cast<int>(q[r * pairs + p])));
+      for (int64_t t = 0; t < kTiles; ++t) s[r][t] = _mm512_dpbf16_ps(s[r][t], qr, keys[t]);
+    }
+  }
+  alignas(64) uint32_t w[kGroup][kBlock / 2];
+  float alpha[kGroup];
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t r = 0; r < kGroup; ++r) {
+    __mmask16 visible[kTiles];
+    __m512 top = neg_inf;
+    for (int64_t t = 0; t < kTiles; ++t) {
+      s[r][t] = _mm512_mul_ps(s[r][t], _mm512_set1_ps(scale2));
+      visible[t] = 0xffff;
+      if (!whole) {
+        const __m512i kp = _mm512_loadu_si512(kpos + t * kLanes);
+        visible[t] = _mm512_cmpge_epi32_mask(kp, _mm512_setzero_si512()) &
+                     _mm512_cmple_epi32_mask(kp, _mm512_set1_epi32(pos[r]));
+      }
+      top = _mm512_max_ps(top, _mm512_mask_mov_ps(neg_inf, visible[t], s[r][t]));
+    }
+    const float block_max = _mm512_reduce_max_ps(top);
+    float& m = st.m[r0 + r];
+    if (block_max == kNegInf) {  // the row sees nothing of this block
+      alpha[r] = 1.f;
+      std::fill(w[r], w[r] + kBlock / 2, 0u);
+      continue;
+    }
+    const float m_new = std::max(m, block_max);
+    alpha[r] = m == kNegInf ? 0.f : std::exp2(m - m_new);
+    m = m_new;
+    __m512 e[kTiles], sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < kTiles; ++t) {
+      e[t] = _mm512_maskz_mov_ps(visible[t], exp2_nonpositive(_mm512_sub_ps(s[r][t], _mm512_set1_ps(m_new))));
+      sum = _mm512_add_ps(sum, e[t]);
+    }
+    st.l[r0 + r] = _mm512_fmadd_ps(st.l[r0 + r], _mm512_set1_ps(alpha[r]), sum);
+    for (int64_t t = 0; t < kTiles; t += 2)
+      _mm512_store_si512(w[r] + t * kLanes / 2, (__m512i)_mm512_cvtne2ps_pbh(e[t + 1], e[t]));
+  }
+  float* o = st.o.data() + r0 * d;
+  int64_t c0 = 0;
+  for (; c0 + 4 * kLanes <= d; c0 += 4 * kLanes) add_values<4>(o, d, c0, alpha, w[0], vb);
+  switch ((d - c0) / kLanes) {
+    case 3: add_values<3>(o, d, c0, alpha, w[0], vb); break;
+    case 2: add_values<2>(o, d, c0, alpha, w[0], vb); break;
+    case 1: add_values<1>(o, d, c0, alpha, w[0], vb); break;
+    default: break;
+  }
+}
+
+// n <= kRows rows of one batch (bf16 q [n, D], positions q_pos [n]): out [n, D] fp32.
+void attend_rows(const uint16_t* q, const int64_t* q_pos, int64_t n, int64_t d, const PackedKeys& keys, float scale,
+                 float* out) {
+  const int64_t pairs = d / 2, n_blocks = static_cast<int64_t>(keys.lo.size());
+  std::vector<uint32_t> qrows(kRows * pairs, 0);  // padding rows: zeros
+  std::copy(reinterpret_cast<const uint32_t*>(q), reinterpret_cast<const uint32_t*>(q) + n * pairs, qrows.begin());
+  RowState st;
+  st.o.assign(kRows * d, 0.f);
+  int32_t pos[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    st.m[r] = kNegInf;
+    st.l[r] = _mm512_setzero_ps();
+    pos[r] = r < n ? static_cast<int32_t>(q_pos[r]) : -1;  // padding rows see nothing
+  }
+  const float scale2 = scale * kLog2e;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint32_t* kb = keys.k.data() + b * kBlock * pairs;
+    const uint32_t* vb = keys.v.data() + b * (kBlock / 2) * d;
+    const int32_t* kp = keys.pos.data() + b * kBlock;
+    for (int64_t r0 = 0; r0 < n; r0 += kGroup) {
+      const int64_t rows = std::min(kGroup, n - r0);
+      const int64_t lowest = *std::min_element(pos + r0, pos + r0 + rows);
+      const int64_t highest = *std::max_element(pos + r0, pos + r0 + rows);
+      if (keys.lo[b] > highest) continue;  // no row of the group sees a key of this block
+      const bool whole = keys.all_valid[b] && keys.hi[b] <= lowest;
+      group_block(qrows.data() + r0 * pairs, pairs, d, kb, vb, kp, whole, pos + r0, scale2, st, r0);
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const float l = _mm512_reduce_add_ps(st.l[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int64_t c = 0; c < d; ++c) out[r * d + c] = st.o[r * d + c] * inv;
+  }
+}
+
+#endif  // MSA_AVX512_BF16
+
+bool built_with_bf16() {
+#ifdef MSA_AVX512_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+// q [B, R, D], k and v [B, T, D], all bf16 and contiguous; q_pos int64 [B or 1, R], k_pos int64
+// [B or 1, T] (1: shared by every batch). Returns o [B, R, D] fp32.
+at::Tensor attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_pos, at::Tensor k_pos, double scale) {
+  TORCH_CHECK(built_with_bf16(), "built without AVX-512 BF16");
+  for (const auto& t : {q, k, v})
+    TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.dim() == 3 && t.is_contiguous(), "q, k, v: contiguous bf16 [B, n, D]");
+  for (const auto& t : {q_pos, k_pos})
+    TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 2 && t.is_contiguous(), "positions: contiguous int64 [B or 1, n]");
+  const int64_t batches = q.size(0), rows = q.size(1), d = q.size(2), n_keys = k.size(1);
+  TORCH_CHECK(d % 16 == 0, "head_dim must be a multiple of 16");
+  TORCH_CHECK(k.size(0) == batches && v.sizes() == k.sizes() && k.size(2) == d, "k, v must be [B, T, D] as q");
+  TORCH_CHECK((q_pos.size(0) == 1 || q_pos.size(0) == batches) && q_pos.size(1) == rows, "q_pos must be [B or 1, R]");
+  TORCH_CHECK((k_pos.size(0) == 1 || k_pos.size(0) == batches) && k_pos.size(1) == n_keys, "k_pos must be [B or 1, T]");
+  at::Tensor out = at::empty({batches, rows, d}, at::kFloat);
+#ifdef MSA_AVX512_BF16
+  const auto* qd = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+  const auto* kd = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
+  const auto* vd = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  const int64_t* qp = q_pos.data_ptr<int64_t>();
+  const int64_t* kp = k_pos.data_ptr<int64_t>();
+  const int64_t q_pos_step = q_pos.size(0) == 1 ? 0 : rows, k_pos_step = k_pos.size(0) == 1 ? 0 : n_keys;
+  std::vector<PackedKeys> packed(batches);
+  at::parallel_for(0, batches, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b)
+      pack_keys(kd + b * n_keys * d, vd + b * n_keys * d, kp + b * k_pos_step, n_keys, d, packed[b]);
+  });
+  const int64_t tiles = (rows + kRows - 1) / kRows;
+  float* od = out.data_ptr<float>();
+  at::parallel_for(0, batches * tiles, 1, [&](int64_t first, int64_t last) {
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t b = task / tiles, r0 = (task % tiles) * kRows, n = std::min(kRows, rows - r0);
+      attend_rows(qd + (b * rows + r0) * d, qp + b * q_pos_step + r0, n, d, packed[b], static_cast<float>(scale),
+                  od + (b * rows + r0) * d);
+    }
+  });
+#endif
+  return out;
+}
+
+}  // namespace
+
+#ifdef MSA_AVX512_BF16
+#pragma GCC pop_options
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
+  m.def("built_with_bf16", &built_with_bf16);
+}
