@@ -250,8 +250,9 @@ def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
 @pytest.mark.parametrize("dtype", [None, "fp32"])
 def test_gguf_blocks_prefill_on_bf16_tiles_by_default_where_bf16_is_fast(run, tmp_path, dtype):
     """The default compute dtype is auto: a GGUF's Q8_0 layers prefill on bf16 tiles on a CPU with
-    AMX or AVX-512 BF16 (exact fp32 elsewhere), and --dtype fp32 keeps exact products; -v says."""
-    from msa.kernels import ggml_blocks
+    AMX or AVX-512 BF16 (exact fp32 elsewhere), so does attention where the head size and the
+    CPU allow, and --dtype fp32 keeps exact products; -v says."""
+    from msa.kernels import attention_bf16, ggml_blocks
 
     path = tmp_path / "tiny-q8.gguf"
     write_tiny_gguf(path, tiny_config(), random_llama_weights(tiny_config()), qtype="Q8_0")
@@ -261,4 +262,6 @@ def test_gguf_blocks_prefill_on_bf16_tiles_by_default_where_bf16_is_fast(run, tm
     result = run(*args, *(["--dtype", dtype] if dtype else []))
     assert result.exit_code == 0, result.output
     tiles = dtype is None and ggml_blocks.bf16_fast()
-    assert ("(prefill on bf16 tiles)" in result.stderr) == tiles, result.stderr
+    assert ("(prefill on bf16 tiles" in result.stderr) == tiles, result.stderr
+    attention = tiles and attention_bf16.serves(tiny_config().head_dim)  # and AVX-512 BF16
+    assert ("(prefill on bf16 tiles and attention)" in result.stderr) == attention, result.stderr

@@ -46,6 +46,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     dense_reason = always_dense_reason(loaded.model.model_attention())
     if dense_reason and mode != "dense":
         mode = f"dense ({dense_reason})"
+    bf16 = " and attention" if loaded.model.bf16_attention else ""
     decode = (
         "in one fused CPU step"
         if loaded.model.per_op_reason is None
@@ -53,7 +54,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     )
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
-        f"{' (prefill on bf16 tiles)' if loaded.bf16_prefill else ''}, "
+        f"{f' (prefill on bf16 tiles{bf16})' if loaded.bf16_prefill else ''}, "
         f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "

@@ -147,9 +147,10 @@ DtypeOption = typer.Option(
     envvar="MSA_DTYPE",
     show_envvar=True,
     help="Compute dtype: auto (the default: fp32, but a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 weights "
-    "prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16: 2-4x faster products, "
-    "inputs rounded to bf16, ten times closer to exact fp32 than llama.cpp's own), fp32 (exact "
-    "fp32 products everywhere), or bf16 (fast only on CPUs with bf16 units).",
+    "prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16, and prefill's attention on "
+    "bf16 products with AVX-512 BF16: 2-4x faster products, inputs rounded to bf16, ten times "
+    "closer to exact fp32 than llama.cpp's own), fp32 (exact fp32 products everywhere), or bf16 "
+    "(fast only on CPUs with bf16 units).",
 )
 HiddenOption = typer.Option(
     False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
