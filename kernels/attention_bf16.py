@@ -7,8 +7,9 @@ was a third of prefill. csrc/attention_bf16.cpp multiplies pairs of bf16 into fp
 with flash attention's running softmax in fp32 between them. Keys are rounded less their mean
 (`centered`): rounded as they were, Qwen2.5-0.5B's keys (which share a large bias) cost 2.5 times
 the KL divergence from exact logits that its rounded queries cost (mean 3.0e-4 against 1.2e-4
-over 712 tokens, largest 2.6e-2 against 1.3e-3); centered, as much (1.2e-4, 1.3e-3). Models use it where their weights
-already prefill on bf16 products (`--dtype auto` on such a CPU; `Transformer.bf16_attention`).
+over 712 tokens, largest 2.6e-2 against 1.3e-3); centered, as much (1.2e-4, 1.3e-3). Models use
+it where their weights already prefill on bf16 products (`--dtype auto` on such a CPU;
+`Transformer.bf16_attention`).
 
 Batch b holds rows of queries and the keys they may read, each with its position: key j is
 visible to row r when 0 <= k_pos[j] <= q_pos[r]. A dense chunk is one batch per KV head (its G
