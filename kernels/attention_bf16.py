@@ -5,9 +5,9 @@ PyTorch's CPU flash attention multiplies in fp32 (MKL's GEMM, near the fp32 peak
 was a third of prefill. csrc/attention_bf16.cpp multiplies pairs of bf16 into fp32 sums
 (vdpbf16ps, twice the fp32 rate) for both products, queries times keys and weights times values,
 with flash attention's running softmax in fp32 between them. Keys are rounded less their mean
-(`centered`): rounded as they were, Qwen2.5-0.5B's keys (which share a large bias) cost 2.5 times
-the KL divergence from exact logits that its rounded queries cost (mean 3.0e-4 against 1.2e-4
-over 712 tokens, largest 2.6e-2 against 1.3e-3); centered, as much (1.2e-4, 1.3e-3). Models use
+(`centered`): on Qwen2.5-0.5B, whose keys share a large bias, rounding the keys as they were
+moved the logits of 712 tokens from exact by a mean KL divergence of 3.0e-4 (largest 2.6e-2),
+rounding the queries 1.3e-4 (2.7e-3), rounding the centered keys 1.2e-4 (1.3e-3). Models use
 it where their weights already prefill on bf16 products (`--dtype auto` on such a CPU;
 `Transformer.bf16_attention`).
 
