@@ -18,8 +18,10 @@ caches. llama.cpp runs twice per length, flash attention off and on; the ratios 
 the faster of the two. msa runs with its default attention (dense for the first 1,024 tokens,
 MSA block selection after) and the weights given by --msa: file (the default: each tensor as
 the GGUF stores it, the blocks llama.cpp computes with, under the CLI's default --dtype auto:
-prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16), file-fp32 (the same with --dtype
-fp32: exact fp32 products), int4, int8, fp32 or bf16. (Results written before 2026-12-02 name
+prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16, and its attention on bf16 products
+with AVX-512 BF16), file-fp32-attention (the same with prefill's attention in fp32, as before
+2026-12-03), file-fp32 (the same with --dtype fp32: exact fp32 products), int4, int8, fp32 or
+bf16. (Results written before 2026-12-02 name
 the exact setting "file" and the bf16 one "file-bf16".)
 
 llama.cpp comes from llama-cpp-python in a virtual environment of its own (--venv), built with
@@ -81,14 +83,16 @@ def msa_worker(job: dict) -> dict:
     from msa.models.loading import load_model
 
     torch.set_num_threads(job["threads"])
-    quant = {"file": None, "file-fp32": None, "int8": "int8", "int4": "int4"}.get(
-        job["weights"], "none"
-    )
-    dtype = {"bf16": "bf16", "file": "auto"}.get(job["weights"], "fp32")
+    weights = job["weights"]
+    from_file = weights in ("file", "file-fp32", "file-fp32-attention")
+    quant = None if from_file else {"int8": "int8", "int4": "int4"}.get(weights, "none")
+    dtype = {"bf16": "bf16", "file": "auto", "file-fp32-attention": "auto"}.get(weights, "fp32")
     loaded = load_model(
         job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype
     )
     model, ids, decode = loaded.model, job["ids"], job["decode"]
+    if weights == "file-fp32-attention":
+        model.bf16_attention = False
     warm = model.new_cache(capacity=64)  # first calls build kernels' buffers: not timed
     model(torch.tensor(ids[:32]), warm)
     model(torch.tensor(decode[:1]), warm)
@@ -167,8 +171,8 @@ def main() -> None:
         "--msa",
         default="file",
         help="msa weights to run, comma-separated: file (as the GGUF stores them, under the "
-        "CLI's default --dtype auto), file-fp32 (the same with --dtype fp32: exact), int4, int8, "
-        "fp32, bf16",
+        "CLI's default --dtype auto), file-fp32-attention (the same, attention in fp32), file-fp32 "
+        "(--dtype fp32: exact), int4, int8, fp32, bf16",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")

@@ -3,10 +3,11 @@
 It reads the plan of `ctx` (attention_plan.py) and picks, for the queries of one forward:
 - in a local layer (the plan gives it a sliding window), dense attention over the window, for
   every query: MSA selects blocks only in the global layers;
-- dense attention for the queries before `plan.sparse_from`: PyTorch's fused kernel directly,
-  no argument checks per layer, or in a prefill chunk of a model that multiplies in bf16 the
-  bf16 kernel (`ctx.bf16_attention`, kernels/attention_bf16.py); soft-capped logits, which keep
-  the whole model dense, in plain PyTorch (window_attention.py);
+- dense attention for the queries before `plan.sparse_from`: PyTorch's fused kernel directly
+  (no argument checks per layer), or the bf16 kernel in a prefill chunk of a model whose
+  weights prefill on bf16 products (`ctx.bf16_attention`, kernels/attention_bf16.py; msa.py's
+  chunks take it too); soft-capped logits, which keep the whole model dense, in plain PyTorch
+  (window_attention.py);
 - one sparse query (a decode step): msa_decode.py's path, the same attention in far fewer ops;
 - a sparse chunk: msa.py's chunked MSA, at true positions before `plan.bounded_from` and with
   far blocks moved to a bounded distance from there on.

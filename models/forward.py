@@ -62,7 +62,7 @@ class ForwardContext:
     ) -> ForwardContext:
         """`rope`: the global layers' (the cache re-rotates far blocks with it); `local_rope`:
         the local layers' (sliding window, attention_plan.py), None: the same; `bf16_attention`:
-        a chunk's dense attention on bf16 products (attention.py). A forward of
+        a chunk's attention (dense, and MSA's selected blocks) on bf16 products. A forward of
         several tokens forgets what the cache kept of a question's blocks (msa.py keeps them
         again where its chunk is a question's)."""
         if count > 1:  # a prefill chunk: what a question read is the last such chunk's

@@ -13,11 +13,13 @@ and queries rotated back to position 0 (`KVCache.score_frame`), since a far bloc
 bounded distance, never at its true one; scored at their true distances, a pass key 30K tokens
 back lost to filler (README has the figures).
 
-A single sparse query (a decode step) takes msa_decode.py's path instead, which computes the
-same attention in far fewer operations. A chunk of the question reads, in every layer that
-selects, one set of blocks for all KV heads (the union of what they chose), as decode steps do
-(theirs taken from the heads in turn); a plan's selection layer keeps its set for the layers
-after it.
+A prefill chunk of a model whose weights prefill on bf16 products reads its selected tokens on
+bf16 dot products (`ForwardContext.bf16_attention`, kernels/attention_bf16.py), else by
+PyTorch's fused attention. A single sparse query (a decode step) takes msa_decode.py's path
+instead, which computes the same attention in far fewer operations. A chunk of the question
+reads, in every layer that selects, one set of blocks for all KV heads (the union of what they
+chose), as decode steps do (theirs taken from the heads in turn); a plan's selection layer
+keeps its set for the layers after it.
 """
 
 from __future__ import annotations
@@ -180,18 +182,17 @@ def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
             key_pos.reshape(hkv * nq, -1),
             d**-0.5,
         )  # [Hkv*nq, G*rows, D]
-        o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
-        return o[:, offset : offset + tq].to(q.dtype)
-    key_pos = key_pos[:, :, None, :]  # [Hkv, nq, 1, K*B], -1 for padding
-    allowed = (key_pos <= q_pos.view(1, nq, rows, 1)) & (key_pos >= 0)  # [Hkv, nq, rows, K*B]
-    o = F.scaled_dot_product_attention(
-        qg,
-        k_sel.reshape(hkv * nq, 1, -1, d),
-        v_sel.reshape(hkv * nq, 1, -1, d),
-        attn_mask=allowed.view(hkv * nq, 1, rows, -1),
-        scale=d**-0.5,
-        enable_gqa=True,
-    )  # [Hkv*nq, G, rows, D]
+    else:
+        key_pos = key_pos[:, :, None, :]  # [Hkv, nq, 1, K*B], -1 for padding
+        allowed = (key_pos <= q_pos.view(1, nq, rows, 1)) & (key_pos >= 0)  # [Hkv, nq, rows, K*B]
+        o = F.scaled_dot_product_attention(
+            qg,
+            k_sel.reshape(hkv * nq, 1, -1, d),
+            v_sel.reshape(hkv * nq, 1, -1, d),
+            attn_mask=allowed.view(hkv * nq, 1, rows, -1),
+            scale=d**-0.5,
+            enable_gqa=True,
+        )  # [Hkv*nq, G, rows, D]
     o = o.view(hkv, nq, group, rows, d).transpose(1, 2).reshape(hq, nq * rows, d)
     return o[:, offset : offset + tq].to(q.dtype)
 
