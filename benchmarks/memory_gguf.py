@@ -38,7 +38,7 @@ from msa.models.loading import load_model
 from pathlib import Path
 job = json.loads(sys.argv[1])
 torch.set_num_threads(job["threads"])
-loaded = load_model(job["gguf"], converted_root=Path(job["converted"]))
+loaded = load_model(job["gguf"], converted_root=Path(job["converted"]), dtype="auto")  # as msa ask
 load_s = time.perf_counter() - start
 model, ids = loaded.model, job["ids"]
 cache = model.new_cache(capacity=len(ids) + job["decode"] + 1)
