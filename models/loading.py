@@ -190,8 +190,8 @@ def load_model(
     bf16_prefill = choose_bf16_prefill(model, dtype_name)
     model.bf16_attention = bf16_prefill and attention_bf16.serves(model.config.head_dim)
     # the prefix cache keys on the digest: K/V prefilled from bf16 products differ
-    labels = (prefill_copies(model), bf16_prefill and "bf16-tiles")
-    prefill = "+".join(p for p in (*labels, model.bf16_attention and "bf16-attention") if p)
+    tiles, attention = bf16_prefill and "bf16-tiles", model.bf16_attention and "bf16-attention"
+    prefill = "+".join(p for p in (prefill_copies(model), tiles, attention) if p)
     loaded = LoadedModel(
         name=src.name,
         model=model,

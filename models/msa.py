@@ -153,11 +153,11 @@ def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
     hkv, nq, _ = idx.shape
     group = hq // hkv
     block_size = s.block_size
-    first_qblock = q_start // block_size
     k_sel, v_sel, key_pos = gather_selected_tokens(
         keys[:, :end], values[:, :end], idx, block_size
     )  # [Hkv, nq, K*B, .]
     if rope is not None:
+        first_qblock = q_start // block_size
         window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(
             min=0
         )  # [nq]
