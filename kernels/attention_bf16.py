@@ -16,7 +16,13 @@ visible to row r when 0 <= k_pos[j] <= q_pos[r]. A dense chunk is one batch per 
 query heads folded into rows, keys at 0..T-1); an MSA chunk one batch per KV head and query
 block, over the tokens of the blocks it selected (-1 marks padding).
 
-`attention_bf16_reference` is the definition in plain PyTorch the kernel is tested against.
+`attention_bf16_blocks` is the same attention over MSA's selected blocks read from the K/V cache
+in place (no gathered fp32 copy of them): each batch (KV head, query block) reads the blocks its
+selection names, each far block's keys rotated by their own angle where the caller moves far
+blocks to bounded distances.
+
+`attention_bf16_reference` and `attention_bf16_blocks_reference` are the definitions in plain
+PyTorch the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 
 from .cpp_build import AVX512, CppExtension
 from .cpu_features import cpu_flags
+from .selected_tokens import gather_selected_tokens
 
 _EXTENSION = CppExtension(
     "msa_attention_bf16", ["attention_bf16.cpp"], off_by="MSA_NO_BF16_ATTENTION"
@@ -65,24 +72,62 @@ def attention_bf16(
     k_pos [B or 1, T] (1: shared by every batch). Returns fp32 [B, R, D]; a row that sees no
     key gets zeros. D must be a multiple of 16."""
     module = _EXTENSION.load()
+    k_pos = _positions(k_pos)
     return module.attention(
-        _bf16(q), _bf16(centered(k)), _bf16(v), _positions(q_pos), _positions(k_pos), float(scale)
+        _bf16(q), _bf16(centered(k, k_pos)), _bf16(v), _positions(q_pos), k_pos, float(scale)
     )
 
 
-def centered(k: torch.Tensor) -> torch.Tensor:
-    """Each batch's keys [B, T, D] less their mean key, in fp32: every score of a query moves by
-    the same amount (its product with the mean), which the softmax ignores, and the keys that
-    bf16 rounds are small where they shared a large part (a k bias, as in Qwen2)."""
+def attention_bf16_blocks(
+    q: torch.Tensor,
+    q_pos: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    block_size: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of q [Hkv * nq, R, D] (batch h * nq + j: KV head h's rows of query block j, at
+    q_pos [Hkv * nq or 1, R]) over the blocks block_idx [Hkv, nq, K] (-1: unused) of the cache's
+    k, v [Hkv, T, D] (fp32, fp16 or bf16; rows contiguous, a T-slice read in place). With cos,
+    sin [Hkv, nq, K, r] each slot's keys are rotated by its angles (RoPE's rotate-half, the first
+    r channels) before use; None: keys at their true positions. Returns fp32 [Hkv * nq, R, D];
+    a row that sees no key gets zeros."""
+    empty = torch.empty(0)
+    return _EXTENSION.load().attention_blocks(
+        _bf16(q),
+        _positions(q_pos),
+        k,
+        v,
+        block_idx.to(torch.int32, memory_format=torch.contiguous_format),
+        int(block_size),
+        empty if cos is None else cos.float().contiguous(),
+        empty if sin is None else sin.float().contiguous(),
+        float(scale),
+    )
+
+
+def centered(k: torch.Tensor, k_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """Each batch's keys [B, T, D] less their mean key (of the keys at k_pos >= 0 where k_pos
+    [B or 1, T] is given), in fp32: every score of a query moves by the same amount (its product
+    with the mean), which the softmax ignores, and the keys that bf16 rounds are small where
+    they shared a large part (a k bias, as in Qwen2)."""
     k = k.float()
-    return k - k.mean(dim=1, keepdim=True)
+    if k_pos is None:
+        return k - k.mean(dim=1, keepdim=True)
+    visible = (k_pos >= 0).to(k.dtype)[..., None]  # [B or 1, T, 1]
+    total = (k * visible).sum(dim=1, keepdim=True)
+    count = visible.sum(dim=1, keepdim=True).clamp(min=1)
+    return k - total / count
 
 
 def attention_bf16_reference(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
     """What `attention_bf16` computes, in plain PyTorch: scores of the bf16-rounded q and
     `centered` k summed in fp32, softmax in fp32, the weights rounded to bf16 times the
     bf16-rounded v, divided by the sum of the unrounded weights."""
-    qb, kb, vb = (t.to(torch.bfloat16).float() for t in (q, centered(k), v))
+    qb, kb, vb = (t.to(torch.bfloat16).float() for t in (q, centered(k, k_pos), v))
     scores = (qb @ kb.mT) * scale  # [B, R, T]
     allowed = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -91,6 +136,29 @@ def attention_bf16_reference(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
     total = weights.sum(dim=-1, keepdim=True)
     o = weights.to(torch.bfloat16).float() @ vb
     return torch.where(total > 0, o / total, torch.zeros_like(o))
+
+
+def attention_bf16_blocks_reference(
+    q, q_pos, k, v, block_idx, block_size, cos, sin, scale
+) -> torch.Tensor:
+    """What `attention_bf16_blocks` computes, in plain PyTorch: the selected tokens gathered in
+    fp32, each slot's keys rotated (x * cos + cat(-x2, x1) * sin over the first r channels),
+    then `attention_bf16_reference`."""
+    hkv, nq, slots = block_idx.shape
+    keys, values, k_pos = gather_selected_tokens(k, v, block_idx, block_size)  # [Hkv, nq, K*B, D]
+    if cos is not None:
+        r, half = cos.shape[-1], cos.shape[-1] // 2
+        by_slot = keys.view(hkv, nq, slots, block_size, -1)
+        x1, x2 = by_slot[..., :half], by_slot[..., half:r]
+        c, s = cos[..., None, :], sin[..., None, :]  # [Hkv, nq, K, 1, r]
+        turned = torch.cat([-x2, x1], dim=-1)
+        by_slot = torch.cat([by_slot[..., :r] * c + turned * s, by_slot[..., r:]], dim=-1)
+        keys = by_slot.reshape(keys.shape)
+    batches = hkv * nq
+    return attention_bf16_reference(
+        q, keys.reshape(batches, -1, k.shape[-1]), values.reshape(batches, -1, k.shape[-1]),
+        q_pos, k_pos.reshape(batches, -1), scale,
+    )  # fmt: skip
 
 
 def dense_attention_bf16(

@@ -13,9 +13,10 @@ and queries rotated back to position 0 (`KVCache.score_frame`), since a far bloc
 bounded distance, never at its true one; scored at their true distances, a pass key 30K tokens
 back lost to filler (README has the figures).
 
-A prefill chunk of a model whose weights prefill on bf16 products reads its selected tokens on
-bf16 dot products (`ForwardContext.bf16_attention`, kernels/attention_bf16.py), else by
-PyTorch's fused attention. A single sparse query (a decode step) takes msa_decode.py's path
+A prefill chunk of a model whose weights prefill on bf16 products reads its selected blocks on
+bf16 dot products straight from the cache, far blocks rotated as they are packed
+(`ForwardContext.bf16_attention`, kernels/attention_bf16.py's `attention_bf16_blocks`), else
+gathers them in fp32 for PyTorch's fused attention. A single sparse query (a decode step) takes msa_decode.py's path
 instead, which computes the same attention in far fewer operations. A chunk of the question
 reads, in every layer that selects, one set of blocks for all KV heads (the union of what they
 chose), as decode steps do (theirs taken from the heads in turn); a plan's selection layer
@@ -35,7 +36,7 @@ from msa.kernels import (
     sparse_decode_attention,
     sparse_prefill_attention,
 )
-from msa.kernels.attention_bf16 import attention_bf16
+from msa.kernels.attention_bf16 import attention_bf16_blocks
 from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
@@ -153,15 +154,13 @@ def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
     hkv, nq, _ = idx.shape
     group = hq // hkv
     block_size = s.block_size
-    k_sel, v_sel, key_pos = gather_selected_tokens(
-        keys[:, :end], values[:, :end], idx, block_size
-    )  # [Hkv, nq, K*B, .]
+    angles = None
     if rope is not None:
         first_qblock = q_start // block_size
         window_first = (torch.arange(first_qblock, first_qblock + nq) - s.local_blocks + 1).clamp(
             min=0
         )  # [nq]
-        k_sel = _move_far_blocks(k_sel, idx, window_first, block_size, rope)
+        angles = _far_block_angles(idx, window_first, block_size, rope)  # [Hkv, nq, K, R] each
     # Queries laid out by query block, `rows` per block: chunk row t sits at slot t + offset. A
     # chunk inside one block (decode, a short question) needs no padding.
     rows, offset = (block_size, q_start % block_size) if nq > 1 else (tq, 0)
@@ -172,17 +171,26 @@ def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
     qg = padded.view(hkv, group, nq, rows, d).transpose(1, 2).reshape(hkv * nq, group, rows, d)
     # Padding rows get the block's last position, so every row reads at least one key.
     q_pos = (q_start - offset + torch.arange(nq * rows)).clamp(q_start, end - 1)
-    if bf16:  # rows (g, r) of each (KV head, query block), their positions as the mask's
+    if bf16:  # rows (g, r) of each (KV head, query block), the blocks read from the cache in place
         row_pos = q_pos.view(1, nq, 1, rows).expand(hkv, nq, group, rows).reshape(hkv * nq, -1)
-        o = attention_bf16(
+        cos, sin = angles if angles is not None else (None, None)
+        o = attention_bf16_blocks(
             qg.reshape(hkv * nq, group * rows, d),
-            k_sel.reshape(hkv * nq, -1, d),
-            v_sel.reshape(hkv * nq, -1, d),
             row_pos,
-            key_pos.reshape(hkv * nq, -1),
+            keys[:, :end],
+            values[:, :end],
+            idx,
+            block_size,
+            cos,
+            sin,
             d**-0.5,
         )  # [Hkv*nq, G*rows, D]
     else:
+        k_sel, v_sel, key_pos = gather_selected_tokens(
+            keys[:, :end], values[:, :end], idx, block_size
+        )  # [Hkv, nq, K*B, .]
+        if angles is not None:
+            k_sel = _move_far_blocks(k_sel, block_size, *angles)
         key_pos = key_pos[:, :, None, :]  # [Hkv, nq, 1, K*B], -1 for padding
         allowed = (key_pos <= q_pos.view(1, nq, rows, 1)) & (key_pos >= 0)  # [Hkv, nq, rows, K*B]
         o = F.scaled_dot_product_attention(
@@ -197,14 +205,12 @@ def _gathered(q, q_start, keys, values, idx, s, rope, bf16: bool):
     return o[:, offset : offset + tq].to(q.dtype)
 
 
-def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
-    """Rotate each far block (before the local window) forward so that, in selection order, the
-    far blocks sit back to back right before the window: slot s of n_far moves to distance
-    (n_far - s) blocks before the window instead of (window_first - block) blocks.
-
-    k_sel [Hkv, nq, K*B, D] holds the blocks idx [Hkv, nq, K] of query blocks whose local
-    windows start at window_first [nq]. A whole block moves by one angle, so cos and sin are
-    computed per block and broadcast over its B tokens."""
+def _far_block_angles(idx, window_first, block_size, rope):
+    """cos, sin [Hkv, nq, K, R] that rotate each far block (before the local window) forward so
+    that, in selection order, the far blocks sit back to back right before the window: slot s of
+    n_far moves to distance (n_far - s) blocks before the window instead of (window_first -
+    block) blocks. idx [Hkv, nq, K] are the blocks of query blocks whose local windows start at
+    window_first [nq]; other slots get the identity. A whole block moves by one angle."""
     hkv, nq, width = idx.shape
     slot = torch.arange(width)
     row = idx.long()
@@ -212,8 +218,13 @@ def _move_far_blocks(k_sel, idx, window_first, block_size, rope):
     far = (row >= 0) & (row < first)  # [Hkv, nq, K]
     n_far = far.sum(dim=-1, keepdim=True)  # [Hkv, nq, 1]
     shift_blocks = torch.where(far, (first - row) - (n_far - slot), 0)  # [Hkv, nq, K], >= 0
-    cos, sin = rope.cos_sin(shift_blocks * block_size)  # [Hkv, nq, K, R]
-    r = cos.shape[-1]  # rotated channels (partial RoPE: < D)
+    return rope.cos_sin(shift_blocks * block_size)
+
+
+def _move_far_blocks(k_sel, block_size, cos, sin):
+    """k_sel [Hkv, nq, K*B, D], the gathered blocks, each rotated by its slot's cos, sin
+    [Hkv, nq, K, R] (`_far_block_angles`), broadcast over its B tokens."""
+    hkv, nq, width, r = cos.shape
     by_block = k_sel.view(hkv, nq, width, block_size, -1)  # [Hkv, nq, K, B, D]
     moved = apply_rope(by_block, cos.view(hkv, nq, width, 1, r), sin.view(hkv, nq, width, 1, r))
     return moved.view(k_sel.shape)

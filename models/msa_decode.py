@@ -207,7 +207,7 @@ def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_s
 def _counter_rotate(qf, idx, n_far, window_first, block_size, rope):
     """q rotated back by each slot's move, [Hkv, W, G, D]: far slot j of n_far (block b) moves
     forward by (window_first - b) - (n_far - j) blocks so the far blocks sit back to back just
-    before the local window (msa._move_far_blocks); the other slots do not move. Rotate-half
+    before the local window (msa._far_block_angles); the other slots do not move. Rotate-half
     RoPE by -a: q cos a - rotate_half(q) sin a, on the first R channels."""
     slot = torch.arange(idx.shape[1], device=idx.device)
     shift = torch.where(

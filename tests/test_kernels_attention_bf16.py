@@ -10,11 +10,14 @@ from tiny_checkpoints import tiny_model
 
 from msa.kernels.attention_bf16 import (
     attention_bf16,
+    attention_bf16_blocks,
+    attention_bf16_blocks_reference,
     attention_bf16_reference,
     available,
     dense_attention_bf16,
 )
 from msa.kernels.dense import dense_attention_sdpa
+from msa.kernels.selected_tokens import gather_selected_tokens
 from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import ForwardContext
 
@@ -94,6 +97,62 @@ def test_dense_chunks_equal_fp32_causal_attention_to_bf16_precision(n_queries, n
     v2[:, -1] += 5
     changed = (dense_attention_bf16(q, q_start, k2, v2, 0.125) != got).any(dim=-1)  # [Hq, Tq]
     assert changed[:, -1].all() and not changed[:, :-1].any()
+
+
+def _selection(hkv, nq, slots, block_size, n_tokens, generator):
+    """Query rows of G=3 heads x 20 per (KV head, query block) and a random selection of blocks
+    of a cache of n_tokens (its last block partial) with unused slots (-1)."""
+    n_blocks = -(-n_tokens // block_size)
+    idx = torch.randint(-1, n_blocks, (hkv, nq, slots), generator=generator, dtype=torch.int32)
+    rows = 3 * 20
+    q_pos = torch.randint(0, n_tokens, (hkv * nq, rows), generator=generator)
+    return idx, q_pos, rows
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rotary", [None, "full", "partial"])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (80, 64)])
+def test_selected_blocks_read_from_the_cache_compute_their_reference(
+    kv_dtype, rotary, head_dim, block_size
+):
+    """MSA's selected blocks read in place from a T-slice of a larger K/V store (keys with a
+    shared bias, as Qwen2's), each slot's keys rotated by its own angles (all channels, or the
+    first 32 as partial RoPE), unused slots and a partial last block: the kernel's output is its
+    definition's, up to the bf16 rounding of softmax weights (running max against final)."""
+    g = torch.Generator().manual_seed(head_dim + block_size)
+    hkv, nq, slots, n_tokens = 2, 3, 5, 300
+    store_k = torch.randn(hkv, n_tokens + 40, head_dim, generator=g) + 4.0
+    store_v = torch.randn(hkv, n_tokens + 40, head_dim, generator=g)
+    k, v = store_k.to(kv_dtype)[:, :n_tokens], store_v.to(kv_dtype)[:, :n_tokens]
+    idx, q_pos, rows = _selection(hkv, nq, slots, block_size, n_tokens, g)
+    q = torch.randn(hkv * nq, rows, head_dim, generator=g)
+    cos = sin = None
+    if rotary is not None:
+        r = head_dim if rotary == "full" else 32
+        angle = torch.rand(hkv, nq, slots, r // 2, generator=g) * 6
+        angle = torch.cat([angle, angle], dim=-1)
+        cos, sin = angle.cos(), angle.sin()
+    scale = head_dim**-0.5
+    got = attention_bf16_blocks(q, q_pos, k, v, idx, block_size, cos, sin, scale)
+    want = attention_bf16_blocks_reference(q, q_pos, k, v, idx, block_size, cos, sin, scale)
+    torch.testing.assert_close(got, want, atol=5e-3, rtol=0)
+
+
+@needs_kernel
+def test_selected_blocks_read_in_place_equal_the_kernel_over_gathered_keys():
+    """Without rotation, reading the blocks from the cache is the gathered keys' attention bit
+    for bit: the same keys, the same mean, the same packing."""
+    g = torch.Generator().manual_seed(7)
+    hkv, nq, slots, block_size, n_tokens = 2, 4, 6, 32, 250
+    k, v = (torch.randn(hkv, n_tokens, 64, generator=g) for _ in range(2))
+    idx, q_pos, rows = _selection(hkv, nq, slots, block_size, n_tokens, g)
+    q = torch.randn(hkv * nq, rows, 64, generator=g)
+    got = attention_bf16_blocks(q, q_pos, k, v, idx, block_size, None, None, 0.125)
+    keys, values, k_pos = gather_selected_tokens(k, v, idx, block_size)
+    flat = [t.reshape(hkv * nq, -1, 64) for t in (keys, values)]
+    want = attention_bf16(q, *flat, q_pos, k_pos.reshape(hkv * nq, -1), 0.125)
+    assert torch.equal(got, want)
 
 
 @needs_kernel

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 
@@ -22,60 +23,21 @@
 #include <immintrin.h>
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#include "attention_bf16_keys.h"
 #endif
 
 namespace {
 
 #ifdef MSA_AVX512_BF16
 
-constexpr int64_t kLanes = 16;  // fp32 lanes of a zmm register: keys (scores) or channels (output)
-constexpr int64_t kBlock = 64;  // keys per softmax step
+using attention_bf16::kBlock;
+using attention_bf16::kLanes;
+using attention_bf16::PackedKeys;
 constexpr int64_t kTiles = kBlock / kLanes;
 constexpr int64_t kRows = 32;   // query rows of a task: each block of keys is read once for them
 constexpr int64_t kGroup = 4;   // rows whose scores and outputs are summed in registers at once
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
-
-// One batch's keys and values in the layouts vdpbf16ps reads, padded with zeros to whole blocks:
-// k [blocks * 4][D / 2][16]: for 16 keys, the channel pair p of each key in lane order;
-// v [blocks * 32][D]: for the key pair (2i, 2i+1), each channel's two values.
-struct PackedKeys {
-  std::vector<uint32_t> k, v;
-  std::vector<int32_t> pos;        // [blocks * 64], -1 for padding
-  std::vector<int64_t> lo, hi;     // per block: the smallest and largest position of a key
-  std::vector<uint8_t> all_valid;  // per block: no padding (position < 0)
-};
-
-void pack_keys(const uint16_t* k, const uint16_t* v, const int64_t* k_pos, int64_t n_keys, int64_t d, PackedKeys& out) {
-  const int64_t n_blocks = (n_keys + kBlock - 1) / kBlock, padded = n_blocks * kBlock, pairs = d / 2;
-  out.k.assign(padded * pairs, 0);
-  out.v.assign(padded / 2 * d, 0);
-  out.pos.assign(padded, -1);
-  out.lo.assign(n_blocks, std::numeric_limits<int64_t>::max());
-  out.hi.assign(n_blocks, -1);
-  out.all_valid.assign(n_blocks, 0);
-  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const int64_t tile = j / kLanes, lane = j % kLanes;
-    for (int64_t p = 0; p < pairs; ++p) out.k[(tile * pairs + p) * kLanes + lane] = k32[j * pairs + p];
-    uint16_t* vp = reinterpret_cast<uint16_t*>(out.v.data() + (j / 2) * d);
-    for (int64_t c = 0; c < d; ++c) vp[2 * c + (j % 2)] = v[j * d + c];
-    out.pos[j] = static_cast<int32_t>(std::max<int64_t>(k_pos[j], -1));
-  }
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    bool valid = true;
-    for (int64_t j = b * kBlock; j < (b + 1) * kBlock; ++j) {
-      const int64_t p = out.pos[j];
-      if (p < 0) {
-        valid = false;
-        continue;
-      }
-      out.lo[b] = std::min(out.lo[b], p);
-      out.hi[b] = std::max(out.hi[b], p);
-    }
-    out.all_valid[b] = valid;
-  }
-}
 
 inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
 
@@ -220,6 +182,18 @@ void attend_rows(const uint16_t* q, const int64_t* q_pos, int64_t n, int64_t d, 
   }
 }
 
+// Every batch's rows over its packed keys: tasks of kRows rows, split over the threads.
+void attend_batches(const uint16_t* qd, const int64_t* qp, int64_t q_pos_step, int64_t batches, int64_t rows, int64_t d,
+                    const std::vector<PackedKeys>& packed, float scale, float* od) {
+  const int64_t tiles = (rows + kRows - 1) / kRows;
+  at::parallel_for(0, batches * tiles, 1, [&](int64_t first, int64_t last) {
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t b = task / tiles, r0 = (task % tiles) * kRows, n = std::min(kRows, rows - r0);
+      attend_rows(qd + (b * rows + r0) * d, qp + b * q_pos_step + r0, n, d, packed[b], scale, od + (b * rows + r0) * d);
+    }
+  });
+}
+
 #endif  // MSA_AVX512_BF16
 
 bool built_with_bf16() {
@@ -230,41 +204,100 @@ bool built_with_bf16() {
 #endif
 }
 
+// q bf16 [B, R, D] contiguous (D a multiple of 16, at most 512), q_pos int64 [B or 1, R].
+void check_queries(const at::Tensor& q, const at::Tensor& q_pos) {
+  TORCH_CHECK(built_with_bf16(), "built without AVX-512 BF16");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q: contiguous bf16 [B, R, D]");
+  TORCH_CHECK(q.size(2) % 16 == 0 && q.size(2) <= 512, "head_dim must be a multiple of 16, at most 512");
+  TORCH_CHECK(q_pos.scalar_type() == at::kLong && q_pos.dim() == 2 && q_pos.is_contiguous() &&
+                  (q_pos.size(0) == 1 || q_pos.size(0) == q.size(0)) && q_pos.size(1) == q.size(1),
+              "q_pos: contiguous int64 [B or 1, R]");
+}
+
 // q [B, R, D], k and v [B, T, D], all bf16 and contiguous; q_pos int64 [B or 1, R], k_pos int64
 // [B or 1, T] (1: shared by every batch). Returns o [B, R, D] fp32.
 at::Tensor attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_pos, at::Tensor k_pos, double scale) {
-  TORCH_CHECK(built_with_bf16(), "built without AVX-512 BF16");
-  for (const auto& t : {q, k, v})
-    TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.dim() == 3 && t.is_contiguous(), "q, k, v: contiguous bf16 [B, n, D]");
-  for (const auto& t : {q_pos, k_pos})
-    TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 2 && t.is_contiguous(), "positions: contiguous int64 [B or 1, n]");
+  check_queries(q, q_pos);
   const int64_t batches = q.size(0), rows = q.size(1), d = q.size(2), n_keys = k.size(1);
-  TORCH_CHECK(d % 16 == 0, "head_dim must be a multiple of 16");
+  for (const auto& t : {k, v})
+    TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.dim() == 3 && t.is_contiguous(), "k, v: contiguous bf16 [B, T, D]");
   TORCH_CHECK(k.size(0) == batches && v.sizes() == k.sizes() && k.size(2) == d, "k, v must be [B, T, D] as q");
-  TORCH_CHECK((q_pos.size(0) == 1 || q_pos.size(0) == batches) && q_pos.size(1) == rows, "q_pos must be [B or 1, R]");
-  TORCH_CHECK((k_pos.size(0) == 1 || k_pos.size(0) == batches) && k_pos.size(1) == n_keys, "k_pos must be [B or 1, T]");
+  TORCH_CHECK(k_pos.scalar_type() == at::kLong && k_pos.dim() == 2 && k_pos.is_contiguous() &&
+                  (k_pos.size(0) == 1 || k_pos.size(0) == batches) && k_pos.size(1) == n_keys,
+              "k_pos: contiguous int64 [B or 1, T]");
   at::Tensor out = at::empty({batches, rows, d}, at::kFloat);
 #ifdef MSA_AVX512_BF16
-  const auto* qd = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
   const auto* kd = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
   const auto* vd = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
-  const int64_t* qp = q_pos.data_ptr<int64_t>();
   const int64_t* kp = k_pos.data_ptr<int64_t>();
-  const int64_t q_pos_step = q_pos.size(0) == 1 ? 0 : rows, k_pos_step = k_pos.size(0) == 1 ? 0 : n_keys;
+  const int64_t k_pos_step = k_pos.size(0) == 1 ? 0 : n_keys;
   std::vector<PackedKeys> packed(batches);
   at::parallel_for(0, batches, 1, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b)
-      pack_keys(kd + b * n_keys * d, vd + b * n_keys * d, kp + b * k_pos_step, n_keys, d, packed[b]);
+      attention_bf16::pack_keys(kd + b * n_keys * d, vd + b * n_keys * d, kp + b * k_pos_step, n_keys, d, packed[b]);
   });
-  const int64_t tiles = (rows + kRows - 1) / kRows;
-  float* od = out.data_ptr<float>();
-  at::parallel_for(0, batches * tiles, 1, [&](int64_t first, int64_t last) {
-    for (int64_t task = first; task < last; ++task) {
-      const int64_t b = task / tiles, r0 = (task % tiles) * kRows, n = std::min(kRows, rows - r0);
-      attend_rows(qd + (b * rows + r0) * d, qp + b * q_pos_step + r0, n, d, packed[b], static_cast<float>(scale),
-                  od + (b * rows + r0) * d);
-    }
-  });
+  attend_batches(reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()), q_pos.data_ptr<int64_t>(),
+                 q_pos.size(0) == 1 ? 0 : rows, batches, rows, d, packed, static_cast<float>(scale),
+                 out.data_ptr<float>());
+#endif
+  return out;
+}
+
+// MSA's selected blocks read from the K/V cache in place: q [Hkv * nq, R, D] bf16 (batch
+// h * nq + j: KV head h's rows of query block j), q_pos [Hkv * nq or 1, R]; k, v [Hkv, T, D]
+// (fp32, fp16 or bf16, rows contiguous: a T-slice of a larger store is read in place); idx int32
+// [Hkv, nq, K] (-1: unused slot) of `block_size` tokens; cos, sin fp32 [Hkv, nq, K, r] rotating
+// each slot's keys (empty: keys as stored). Keys less their batch's mean visible key, rounded to
+// bf16; key t visible to row r when t <= q_pos[r]. Returns o [Hkv * nq, R, D] fp32.
+at::Tensor attention_blocks(at::Tensor q, at::Tensor q_pos, at::Tensor k, at::Tensor v, at::Tensor idx,
+                            int64_t block_size, at::Tensor cos, at::Tensor sin, double scale) {
+  check_queries(q, q_pos);
+  const int64_t rows = q.size(1), d = q.size(2);
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.size(2) == d && k.scalar_type() == v.scalar_type() &&
+                  k.stride(2) == 1 && k.stride(1) == d && v.stride(2) == 1 && v.stride(1) == d &&
+                  k.stride(0) == v.stride(0),
+              "k, v: [Hkv, T, D] as q, rows contiguous, one dtype and layout");
+  TORCH_CHECK(idx.scalar_type() == at::kInt && idx.dim() == 3 && idx.is_contiguous() && idx.size(0) == k.size(0) &&
+                  idx.size(0) * idx.size(1) == q.size(0),
+              "idx: contiguous int32 [Hkv, nq, K], Hkv * nq batches of q");
+  TORCH_CHECK(block_size >= 1, "block_size must be at least 1");
+  const int64_t hkv = idx.size(0), nq = idx.size(1), slots = idx.size(2);
+  const bool rotated = cos.numel() > 0;
+  const int64_t r = rotated ? cos.size(-1) : 0;
+  if (rotated)
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
+                    sin.is_contiguous() && sin.scalar_type() == at::kFloat && cos.numel() == idx.numel() * r &&
+                    r % 2 == 0 && r <= d,
+                "cos, sin: contiguous fp32 [Hkv, nq, K, r], r even and at most D");
+  at::Tensor out = at::empty({q.size(0), rows, d}, at::kFloat);
+#ifdef MSA_AVX512_BF16
+  std::vector<PackedKeys> packed(hkv * nq);
+  const int32_t* ids = idx.data_ptr<int32_t>();
+  const float* cs = rotated ? cos.data_ptr<float>() : nullptr;
+  const float* sn = rotated ? sin.data_ptr<float>() : nullptr;
+  auto pack = [&](auto element) {  // element: a null pointer of the cache's element type
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(element)>>;
+    const T* kd = k.data_ptr<T>();
+    const T* vd = v.data_ptr<T>();
+    at::parallel_for(0, hkv * nq, 1, [&](int64_t first, int64_t last) {
+      std::vector<float> scratch;
+      for (int64_t b = first; b < last; ++b) {
+        const int64_t offset = (b / nq) * k.stride(0), at_slot = b * slots;
+        attention_bf16::pack_selected_blocks(kd + offset, vd + offset, d, k.size(1), ids + at_slot, slots, block_size,
+                                             rotated ? cs + at_slot * r : nullptr, rotated ? sn + at_slot * r : nullptr,
+                                             r, d, scratch, packed[b]);
+      }
+    });
+  };
+  switch (k.scalar_type()) {
+    case at::kFloat: pack(static_cast<const float*>(nullptr)); break;
+    case at::kHalf: pack(static_cast<const at::Half*>(nullptr)); break;
+    case at::kBFloat16: pack(static_cast<const at::BFloat16*>(nullptr)); break;
+    default: TORCH_CHECK(false, "k, v: fp32, fp16 or bf16");
+  }
+  attend_batches(reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()), q_pos.data_ptr<int64_t>(),
+                 q_pos.size(0) == 1 ? 0 : rows, q.size(0), rows, d, packed, static_cast<float>(scale),
+                 out.data_ptr<float>());
 #endif
   return out;
 }
@@ -277,5 +310,6 @@ at::Tensor attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor q_pos,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>());
+  m.def("attention_blocks", &attention_blocks, py::call_guard<py::gil_scoped_release>());
   m.def("built_with_bf16", &built_with_bf16);
 }
