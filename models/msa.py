@@ -16,11 +16,13 @@ back lost to filler (README has the figures).
 A prefill chunk of a model whose weights prefill on bf16 products reads its selected blocks on
 bf16 dot products straight from the cache, far blocks rotated as they are packed
 (`ForwardContext.bf16_attention`, kernels/attention_bf16.py's `attention_bf16_blocks`), else
-gathers them in fp32 for PyTorch's fused attention. A single sparse query (a decode step) takes msa_decode.py's path
-instead, which computes the same attention in far fewer operations. A chunk of the question
-reads, in every layer that selects, one set of blocks for all KV heads (the union of what they
-chose), as decode steps do (theirs taken from the heads in turn); a plan's selection layer
-keeps its set for the layers after it.
+gathers them in fp32 for PyTorch's fused attention. A single sparse query (a decode step)
+takes msa_decode.py's path instead, which computes the same attention in far fewer operations.
+A chunk of the question reads, in every layer that selects, one set of blocks for all KV heads
+(the union of what they chose), as decode steps do (theirs taken from the heads in turn); a
+plan's selection layer keeps its set for the layers after it. What the question's last query
+block read is kept for the answer's decode steps, its far blocks capped at
+ANSWER_QUESTION_TOPKS top-k's worth.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
 from .layers import apply_rope
-from .msa_decode import union_over_heads
+from .msa_decode import heads_in_turn, union_over_heads
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
 # "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
 PREFILL_QUERY_REDUCE = "pool"
+# The answer's decode steps read, besides their own blocks, at most this many top-k's worth of
+# the far blocks the question's last query block read (the union over its KV heads: with 8 KV
+# heads, 90 of 128 blocks at 8K tokens, which nearly doubled a step's time).
+ANSWER_QUESTION_TOPKS = 2
 
 
 def chunk_attend(
@@ -99,9 +105,37 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
         return _select(cache.score_frame(q, q_start), q_start, summaries, plan, plan.block_size)
 
     idx = ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
-    last = idx[0, -1]  # the chunk's last query block: where a question ends, the answer begins
-    cache.keep_question_blocks(layer, last[last >= 0].tolist())
+    # the chunk's last query block: where a question ends, the answer begins
+    cache.keep_question_blocks(layer, _kept_for_the_answer(idx[0, -1], q, q_start, ctx, layer))
     return idx
+
+
+def _kept_for_the_answer(last, q, q_start, ctx: ForwardContext, layer: int) -> list[int]:
+    """The blocks the chunk's last query block read (`last` [K], -1 padded), as the answer's
+    decode steps will read them: its sink and local blocks, and of its far blocks at most
+    ANSWER_QUESTION_TOPKS * topk, taken from the KV heads in turn (every head's best, then every
+    head's second best, ...) by how this layer's heads score them for that query block."""
+    blocks = last[last >= 0].tolist()
+    plan, cache = ctx.plan, ctx.cache
+    block_size, n_tokens = plan.block_size, q_start + q.shape[1]
+    window_first = max(0, (n_tokens - 1) // block_size - plan.local_blocks + 1)
+    sink_end = min(plan.sink_blocks, window_first)
+    far = [b for b in blocks if sink_end <= b < window_first]
+    limit = ANSWER_QUESTION_TOPKS * plan.topk
+    if len(far) <= limit:
+        return blocks
+    first = max(q_start, (n_tokens - 1) // block_size * block_size)  # the last query block's
+    scores = score_query_blocks(
+        cache.score_frame(q[:, first - q_start :], first),
+        first,
+        cache.block_summaries(layer, n_tokens, by_content=True),
+        block_size,
+        query_reduce=PREFILL_QUERY_REDUCE,
+    )[:, -1]  # [Hkv, n_full]
+    candidates = torch.tensor(far)
+    order = scores[:, candidates].argsort(dim=1, descending=True, stable=True)
+    kept = heads_in_turn(candidates[order], limit)
+    return sorted(set(blocks) - set(far) | set(kept))
 
 
 def _select(q, q_start, summaries, s, block_size):

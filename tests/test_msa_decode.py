@@ -354,6 +354,34 @@ def test_a_step_reads_the_questions_blocks_besides_its_own(bounded_from):
     assert (got - alone).abs().max() > 1e-3
 
 
+def test_the_answer_keeps_at_most_two_top_ks_of_the_questions_far_blocks():
+    """With many KV heads the union of what the question's last query block read outgrows the
+    cap (ANSWER_QUESTION_TOPKS * topk far blocks): the answer keeps the sink, the local window,
+    and the far blocks the heads rank best taken in turn, by the Quest bound of the block's mean
+    query (score_blocks, the decode scorer, as the reference)."""
+    n, tq, topk = 300, 20, 3  # positions 280..299: query blocks 17 and 18, window 18
+    cache, rope, _, _ = _cache(n, hkv=4, topk=topk, bounded_from=0)
+    q = torch.randn(8, tq, 16)
+    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
+    kept = cache.question_blocks(0)
+    limit = msa.ANSWER_QUESTION_TOPKS * topk
+    summaries = cache.block_summaries(0, n, by_content=True)
+    own = msa._select(cache.score_frame(q, n - tq), n - tq, summaries, cache.plan, 16)
+    read = _union(own)[0, -1]
+    far = [b for b in read.tolist() if 1 <= b < 18]
+    assert len(far) > limit  # four heads chose more than the cap
+    last_block = cache.score_frame(q, n - tq)[:, 288 - 280 :].mean(dim=1)  # [Hq, D]
+    scores = score_blocks(last_block, summaries)  # [Hkv, n_full]
+    ranked = [sorted(far, key=lambda b, h=h: -float(scores[h, b])) for h in range(4)]
+    taken = []
+    for depth in range(len(far)):
+        for h in range(4):
+            if ranked[h][depth] not in taken and len(taken) < limit:
+                taken.append(ranked[h][depth])
+    assert kept == sorted({0, 18} | set(taken))
+
+
 def test_a_question_chunk_keeps_what_its_last_query_block_read():
     n, tq = 300, 20  # positions 280..299: query blocks 17 and 18
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
