@@ -190,81 +190,6 @@ struct Partial {
   std::vector<float> m, l, o;
 };
 
-// Keys (and values) taken 8 at a time by the attention below: their products with a query head
-// summed in vector lanes, then the 8 sums reduced together (a horizontal sum per key cost more
-// than its products), and the weighted values added into the head's output held in registers.
-constexpr int64_t kKeys = 8;
-
-#ifdef __AVX2__
-// Lane i of the result: the sum of v[i]'s 8 lanes.
-inline __m256 sums_of_8(const __m256 v[8]) {
-  const __m256 s01 = _mm256_hadd_ps(v[0], v[1]), s23 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 s45 = _mm256_hadd_ps(v[4], v[5]), s67 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-#endif
-
-// p[j * n + t] = scale * (q_j . k_t) for the g query heads q [g, D] and `len` key rows k [len, D]
-// (the store's type, widened into `rows`, scratch of kKeys * D).
-template <typename T>
-void segment_scores(const float* q, int64_t g, int64_t d, const T* k, int64_t len, float scale, float* p, int64_t n,
-                    float* rows) {
-  int64_t t = 0;
-#ifdef __AVX2__
-  if (d % 8 == 0)
-    for (; t + kKeys <= len; t += kKeys) {
-      const float* kr[kKeys];
-      for (int64_t i = 0; i < kKeys; ++i) kr[i] = kv_rows::widen(k + (t + i) * d, rows + i * d, d);
-      for (int64_t j = 0; j < g; ++j) {
-        __m256 acc[kKeys];
-        for (int64_t i = 0; i < kKeys; ++i) acc[i] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < d; c += 8) {
-          const __m256 qc = _mm256_loadu_ps(q + j * d + c);
-          for (int64_t i = 0; i < kKeys; ++i) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + c), acc[i]);
-        }
-        _mm256_storeu_ps(p + j * n + t, _mm256_mul_ps(sums_of_8(acc), _mm256_set1_ps(scale)));
-      }
-    }
-#endif
-  for (; t < len; ++t) {
-    const float* kr = kv_rows::widen(k + t * d, rows, d);
-    for (int64_t j = 0; j < g; ++j) p[j * n + t] = dot(q + j * d, kr, d) * scale;
-  }
-}
-
-// o [g, D] += sum over t of p[j * n + t] v_t for `len` value rows v [len, D] (widened into `rows`).
-template <typename T>
-void segment_values(const float* p, int64_t n, int64_t g, int64_t d, const T* v, int64_t len, float* o, float* rows) {
-  int64_t t = 0;
-#ifdef __AVX2__
-  if (d % 8 == 0)
-    for (; t + kKeys <= len; t += kKeys) {
-      const float* vr[kKeys];
-      for (int64_t i = 0; i < kKeys; ++i) vr[i] = kv_rows::widen(v + (t + i) * d, rows + i * d, d);
-      for (int64_t j = 0; j < g; ++j) {
-        __m256 w[kKeys];
-        for (int64_t i = 0; i < kKeys; ++i) w[i] = _mm256_set1_ps(p[j * n + t + i]);
-        float* oj = o + j * d;
-        for (int64_t c = 0; c < d; c += 8) {
-          __m256 acc = _mm256_loadu_ps(oj + c);
-          for (int64_t i = 0; i < kKeys; ++i) acc = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(vr[i] + c), acc);
-          _mm256_storeu_ps(oj + c, acc);
-        }
-      }
-    }
-#endif
-  for (; t < len; ++t) {
-    const float* vr = kv_rows::widen(v + t * d, rows, d);
-    for (int64_t j = 0; j < g; ++j) {
-      const float w = p[j * n + t];
-      float* oj = o + j * d;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) oj[c] += w * vr[c];
-    }
-  }
-}
-
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
 // ([cap, D] rows of fp32, fp16 or bf16, widened to fp32 a row at a time), as a Partial; the
 // logits soft-capped by `softcap` where it is > 0. p: scratch of at least G * (tokens in segs).
@@ -272,7 +197,7 @@ template <typename T>
 Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const T* v,
                         const Segment* segs, int64_t n_segs, float scale, float softcap, const double* inv_freq,
                         float* p) {
-  std::vector<float> row(static_cast<size_t>(kKeys * d));  // widened rows
+  std::vector<float> row(static_cast<size_t>(d));
   int64_t n = 0;
   for (int64_t i = 0; i < n_segs; ++i) n += segs[i].len;
   std::vector<float> qm(static_cast<size_t>(g * d)), cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
@@ -291,7 +216,10 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
       rope(qm.data(), g, d, cs.data(), sn.data(), -1.f);
       qs = qm.data();
     }
-    segment_scores(qs, g, d, k + seg.start * d, seg.len, scale, p + at, n, row.data());
+    for (int64_t t = 0; t < seg.len; ++t) {
+      const float* kr = kv_rows::widen(k + (seg.start + t) * d, row.data(), d);
+      for (int64_t j = 0; j < g; ++j) p[j * n + at + t] = dot(qs + j * d, kr, d) * scale;
+    }
     at += seg.len;
   }
   if (softcap > 0.f)  // Gemma 2: each logit x -> cap * tanh(x / cap)
@@ -312,7 +240,15 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
   }
   at = 0;
   for (int64_t i = 0; i < n_segs; ++i) {
-    segment_values(p + at, n, g, d, v + segs[i].start * d, segs[i].len, part.o.data(), row.data());
+    for (int64_t t = 0; t < segs[i].len; ++t) {
+      const float* vr = kv_rows::widen(v + (segs[i].start + t) * d, row.data(), d);
+      for (int64_t j = 0; j < g; ++j) {
+        const float w = p[j * n + at + t];
+        float* o = part.o.data() + j * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) o[c] += w * vr[c];
+      }
+    }
     at += segs[i].len;
   }
   return part;
