@@ -53,10 +53,18 @@ def _sources_digest() -> str:
 
 class CppExtension:
     """One extension module from `sources` (file names under csrc/; headers there are found by
-    their `#include "..."`), off while the environment variable `off_by` is set."""
+    their `#include "..."`), off while the environment variable `off_by` is set; `without`:
+    compiler flags of this CPU's build left out (another flavour of the same kernels)."""
 
-    def __init__(self, name: str, sources: list[str], off_by: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        sources: list[str],
+        off_by: str | None = None,
+        without: tuple[str, ...] = (),
+    ):
         self.name, self.sources, self.off_by = name, [CSRC / s for s in sources], off_by
+        self.without = without
         self.module = None
         self.error: str | None = None
 
@@ -66,7 +74,7 @@ class CppExtension:
         of the sources, such as two checkouts, never rebuild over each other)."""
         from torch.utils.cpp_extension import get_default_build_root
 
-        flags = _cpu_flags()
+        flags = [f for f in _cpu_flags() if f not in self.without]
         name = self.name + (
             "_avx512" if "-mavx512f" in flags else "_avx2" if "-mavx2" in flags else ""
         )

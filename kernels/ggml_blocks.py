@@ -5,8 +5,9 @@ A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its G
 optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
 `linear` computes one row of input (decode) as llama.cpp does: the row quantized to int8
 (`quantize_input`, llama.cpp's Q8_0 or Q8_K), then per block the exact integer sums of the
-weights' q times its q, scaled in fp32 (AVX-512 VNNI or AVX-VNNI dot products where the CPU has
-them, else AVX2's), or in fp32 where asked (`exact`: output heads); more rows (prefill) in
+weights' q times its q, scaled in fp32 (with AVX-512 VNNI, Q4_K and Q6_K rows on 512-bit
+vectors; else AVX-VNNI or AVX2 dot products), or in fp32 where asked (`exact`: output heads);
+the rows shared by the threads as they finish. More rows (prefill) in
 fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster choice where
 the CPU multiplies bf16 fast (`bf16_fast()`): bf16 tiles of the weights times bf16-rounded
 inputs, summed in fp32: on AMX tiles with fp32 output (`bf16_matrix_units()`), else by PyTorch's
@@ -28,6 +29,10 @@ BLOCK_VALUES = {"Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
 NO_ROW_IDS = torch.empty(0, dtype=torch.long)
 
 _EXTENSION = CppExtension("msa_ggml_blocks", ["ggml_blocks.cpp"])
+# the same kernels without AVX-512 and VNNI (the 256-bit rows), to compare the two flavours
+_NARROW = CppExtension(
+    "msa_ggml_blocks_256", ["ggml_blocks.cpp"], without=("-DMSA_GGML_AVX512", "-DMSA_GGML_VNNI")
+)
 
 
 def compiled_extension():
@@ -37,6 +42,11 @@ def compiled_extension():
 
 def build_error() -> str | None:
     return _EXTENSION.error
+
+
+def narrow_extension():
+    """The kernels built for AVX2 alone, or None where they cannot be built."""
+    return _NARROW.load()
 
 
 def linear(

@@ -16,6 +16,7 @@ import torch
 from tiny_checkpoints import gguf_blocks
 
 from msa.kernels import ggml_blocks
+from msa.kernels.cpu_features import cpu_flags
 from msa.kernels.testing import assert_close
 from msa.models.gguf_blocks import dequantize_rows
 
@@ -83,6 +84,43 @@ def test_exact_one_row_product_is_the_reference_product(qtype):
     exact, tol = fp64_product(x, w)
     got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype], exact=True)
     assert_close(got, exact.float(), atol=tol, rtol=0, what=qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_one_row_product_over_many_rows_shared_by_the_threads(qtype):
+    """3,000 rows in runs of about 64 KB, which the threads take as they finish: each row
+    computed once, in its place (row ids too)."""
+    blocks, w = random_weight(qtype, 3000, 256, seed=6)
+    ids = torch.randperm(3000, generator=torch.Generator().manual_seed(6))
+    x = one_row_input(256, seed=7)
+    exact, tol = fp64_product(quantized(x, qtype), w[ids])
+    for threads in (1, 2, 3):
+        with_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            got = ggml_blocks.linear(x, blocks, ggml_blocks.TYPES[qtype], ids)
+        finally:
+            torch.set_num_threads(with_threads)
+        assert_close(got, exact.float(), atol=tol, rtol=0, what=f"{qtype}, {threads} threads")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_wide_and_narrow_rows_give_the_same_products(qtype):
+    """Where the CPU has AVX-512 VNNI, Q4_K and Q6_K rows run on 512-bit vectors; the 256-bit
+    build (AVX2 alone) of the same kernels sums the same integers: each is the fp64 product of
+    the int8 input to fp32 rounding."""
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("no AVX-512 VNNI: the 256-bit rows are the only ones built")
+    narrow = ggml_blocks.narrow_extension()
+    assert narrow is not None, "the 256-bit build failed"
+    blocks, w = random_weight(qtype, 64, 14336, seed=8)
+    x = one_row_input(14336, seed=9)
+    exact, tol = fp64_product(quantized(x, qtype), w)
+    t = ggml_blocks.TYPES[qtype]
+    wide = ggml_blocks.linear(x, blocks, t)
+    old = narrow.linear(x, blocks, t, ggml_blocks.NO_ROW_IDS, False)
+    assert_close(wide, exact.float(), atol=tol, rtol=0, what=f"{qtype} 512-bit")
+    assert_close(old, exact.float(), atol=tol, rtol=0, what=f"{qtype} 256-bit")
 
 
 def test_input_quantization_rounds_ties_to_even_and_keeps_zeros():

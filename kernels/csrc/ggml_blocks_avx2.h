@@ -267,10 +267,23 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+}  // namespace ggml_blocks
+
+#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#include "ggml_blocks_avx512.h"
+#endif
+
+namespace ggml_blocks {
+
 inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t k) {
   switch (type) {
+#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+    case Q4_K: return row_dot_q4k_512(row, x, k);
+    case Q6_K: return row_dot_q6k_512(row, x, k);
+#else
     case Q4_K: return row_dot_of<Q4_K>(row, x, k);
     case Q6_K: return row_dot_of<Q6_K>(row, x, k);
+#endif
     case Q5_0: return row_dot_of<Q5_0>(row, x, k);
     default: return row_dot_of<Q8_0>(row, x, k);
   }
