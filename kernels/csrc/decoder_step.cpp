@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attend_rows.h"
 #include "ggml_blocks.h"
 #include "kv_rows.h"
 
@@ -191,8 +192,10 @@ struct Partial {
 };
 
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
-// ([cap, D] rows of fp32, fp16 or bf16, widened to fp32 a row at a time), as a Partial; the
-// logits soft-capped by `softcap` where it is > 0. p: scratch of at least G * (tokens in segs).
+// ([cap, D] rows of fp32, fp16 or bf16, widened to fp32), as a Partial; the logits soft-capped
+// by `softcap` where it is > 0. p: scratch of at least G * (tokens in segs). The logits and the
+// weighted values run 8 keys and up to 4 heads at a time where attend_rows.h can (the plain
+// loops' order of sums: the same bits).
 template <typename T>
 Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const T* v,
                         const Segment* segs, int64_t n_segs, float scale, float softcap, const double* inv_freq,
@@ -216,10 +219,13 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
       rope(qm.data(), g, d, cs.data(), sn.data(), -1.f);
       qs = qm.data();
     }
-    for (int64_t t = 0; t < seg.len; ++t) {
-      const float* kr = kv_rows::widen(k + (seg.start + t) * d, row.data(), d);
-      for (int64_t j = 0; j < g; ++j) p[j * n + at + t] = dot(qs + j * d, kr, d) * scale;
-    }
+    if (attend_rows::fast_rows(d))
+      attend_rows::logits(qs, g, d, k + seg.start * d, seg.len, scale, p + at, n);
+    else
+      for (int64_t t = 0; t < seg.len; ++t) {
+        const float* kr = kv_rows::widen(k + (seg.start + t) * d, row.data(), d);
+        for (int64_t j = 0; j < g; ++j) p[j * n + at + t] = dot(qs + j * d, kr, d) * scale;
+      }
     at += seg.len;
   }
   if (softcap > 0.f)  // Gemma 2: each logit x -> cap * tanh(x / cap)
@@ -240,6 +246,11 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
   }
   at = 0;
   for (int64_t i = 0; i < n_segs; ++i) {
+    if (attend_rows::fast_rows(d)) {
+      attend_rows::add_values(p + at, n, g, d, v + segs[i].start * d, segs[i].len, part.o.data());
+      at += segs[i].len;
+      continue;
+    }
     for (int64_t t = 0; t < segs[i].len; ++t) {
       const float* vr = kv_rows::widen(v + (segs[i].start + t) * d, row.data(), d);
       for (int64_t j = 0; j < g; ++j) {
