@@ -162,6 +162,15 @@ inline float row_dot_fp32(int64_t type, const uint8_t* row, const float* x, int6
 
 // ---- one row times a quantized input (decode's matvec) ----
 
+// Decode's rows are read once, as a stream: each block asks for the bytes 4 KB ahead of it
+// (an 8B-shape sweep of every matvec ~15% faster than the hardware's prefetch alone, 2 cores;
+// 2 and 8 KB measured less). A prefetch past the mapping's end never faults.
+constexpr int64_t PREFETCH_AHEAD = 4096;
+GGML_INLINE void prefetch_ahead(const uint8_t* b, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_AHEAD + at), _MM_HINT_T0);
+}
+
 // Unsigned bytes u times signed bytes s, summed by 4 into int32 lanes: one VNNI instruction,
 // or maddubs (pairs into int16: no saturation here, |u| <= 128 and |s| <= 127) then madd.
 // The build's macros choose (g++ does not define __AVX512VNNI__ under `#pragma GCC target`).
@@ -194,6 +203,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
     __m128 mins = _mm_setzero_ps();
     for (int64_t blk = 0; blk < k / 256; ++blk) {
       const uint8_t* b = row + blk * 144;
+      prefetch_ahead(b, 144);
       const int8_t* xb = xq + blk * 256;
       const __m128i bytes = q4k_scales_mins(b);
       // min j times the input's sum over sub-block j (its two sums of 16)
@@ -225,6 +235,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
                              _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     for (int64_t blk = 0; blk < k / 256; ++blk) {
       const uint8_t* b = row + blk * 210;
+      prefetch_ahead(b, 210);
       const int8_t* xb = xq + blk * 256;
       const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
       // the values are stored as q + 32 (0..63, unsigned for maddubs): minus 32 x the sums
@@ -247,6 +258,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
     const int64_t bb = block_bytes(type);
     auto product = [&](int64_t blk) {
       const uint8_t* b = row + blk * bb;
+      prefetch_ahead(b, bb);
       const __m256i q =
           type == Q5_0 ? q5_0_values(b) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
       return std::make_pair(_mm256_cvtepi32_ps(dot4_signed(q, load32(xq + blk * 32))),

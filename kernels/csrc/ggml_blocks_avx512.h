@@ -50,6 +50,7 @@ inline float row_dot_q4k_512(const uint8_t* row, const InputQ8& x, int64_t k) {
   __m128 mins = _mm_setzero_ps();
   for (int64_t blk = 0; blk < k / 256; ++blk) {
     const uint8_t* b = row + blk * 144;
+    prefetch_ahead(b, 144);
     const int8_t* xb = xq + blk * 256;
     const __m128i bytes = q4k_scales_mins(b);
     const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
@@ -82,6 +83,7 @@ inline float row_dot_q6k_512(const uint8_t* row, const InputQ8& x, int64_t k) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t blk = 0; blk < k / 256; ++blk) {
     const uint8_t* b = row + blk * 210;
+    prefetch_ahead(b, 210);
     const int8_t* xb = xq + blk * 256;
     const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
     const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
