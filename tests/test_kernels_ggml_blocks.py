@@ -104,23 +104,28 @@ def test_one_row_product_over_many_rows_shared_by_the_threads(qtype):
         assert_close(got, exact.float(), atol=tol, rtol=0, what=f"{qtype}, {threads} threads")
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_wide_and_narrow_rows_give_the_same_products(qtype):
-    """Where the CPU has AVX-512 VNNI, Q4_K and Q6_K rows run on 512-bit vectors; the 256-bit
-    build (AVX2 alone) of the same kernels sums the same integers: each is the fp64 product of
-    the int8 input to fp32 rounding."""
+@pytest.mark.parametrize("long", [True, False])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_wide_and_narrow_rows_give_the_same_products(qtype, long):
+    """Where the CPU has AVX-512 VNNI, the rows run on 512-bit vectors; the 256-bit build (AVX2
+    alone) of the same kernels sums the same integers: each is the fp64 product of the int8
+    input to fp32 rounding, and for Q5_0 and Q8_0 (two blocks a vector, then a last odd one:
+    928 inputs are 29 blocks) the same bits, their fp32 steps being the same."""
     if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags():
         pytest.skip("no AVX-512 VNNI: the 256-bit rows are the only ones built")
     narrow = ggml_blocks.narrow_extension()
     assert narrow is not None, "the 256-bit build failed"
-    blocks, w = random_weight(qtype, 64, 14336, seed=8)
-    x = one_row_input(14336, seed=9)
+    cols = 14336 if long else 1280 if ggml_blocks.BLOCK_VALUES[qtype] == 256 else 928
+    blocks, w = random_weight(qtype, 64, cols, seed=8)
+    x = one_row_input(cols, seed=9)
     exact, tol = fp64_product(quantized(x, qtype), w)
     t = ggml_blocks.TYPES[qtype]
     wide = ggml_blocks.linear(x, blocks, t)
     old = narrow.linear(x, blocks, t, ggml_blocks.NO_ROW_IDS, False)
     assert_close(wide, exact.float(), atol=tol, rtol=0, what=f"{qtype} 512-bit")
     assert_close(old, exact.float(), atol=tol, rtol=0, what=f"{qtype} 256-bit")
+    if ggml_blocks.BLOCK_VALUES[qtype] == 32:
+        assert torch.equal(wide, old)
 
 
 def test_input_quantization_rounds_ties_to_even_and_keeps_zeros():

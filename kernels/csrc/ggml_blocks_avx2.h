@@ -292,12 +292,14 @@ inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t
 #if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
     case Q4_K: return row_dot_q4k_512(row, x, k);
     case Q6_K: return row_dot_q6k_512(row, x, k);
+    case Q5_0: return row_dot_small_blocks_512<Q5_0>(row, x, k);
+    default: return row_dot_small_blocks_512<Q8_0>(row, x, k);
 #else
     case Q4_K: return row_dot_of<Q4_K>(row, x, k);
     case Q6_K: return row_dot_of<Q6_K>(row, x, k);
-#endif
     case Q5_0: return row_dot_of<Q5_0>(row, x, k);
     default: return row_dot_of<Q8_0>(row, x, k);
+#endif
   }
 }
 

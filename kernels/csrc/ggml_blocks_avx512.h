@@ -1,5 +1,5 @@
-// Decode's matvec rows for Q4_K and Q6_K on 512-bit vectors with AVX-512 VNNI (included by
-// ggml_blocks_avx2.h where the build defines MSA_GGML_AVX512 and MSA_GGML_VNNI).
+// Decode's matvec rows for Q4_K, Q6_K, Q5_0 and Q8_0 on 512-bit vectors with AVX-512 VNNI
+// (included by ggml_blocks_avx2.h where the build defines MSA_GGML_AVX512 and MSA_GGML_VNNI).
 //
 // Why: on 2 cores the 256-bit rows (ggml_blocks_avx2.h) are bound by their instructions, not
 // by memory: a Llama-3.1-8B-shape Q4_K_M step read its weights at ~31 GB/s against a 45 GB/s
@@ -105,6 +105,64 @@ inline float row_dot_q6k_512(const uint8_t* row, const InputQ8& x, int64_t k) {
     acc = _mm512_fmadd_ps(_mm512_set1_ps(half_at(b + 208) * x.d[blk]), _mm512_cvtepi32_ps(sum), acc);
   }
   return hsum512(acc);
+}
+
+// Q5_0 (22-byte blocks of 32) and Q8_0 (34), two blocks a vector: the weights' q as unsigned
+// bytes u = q + offset (Q5_0: the nibble with its fifth bit, offset 16; Q8_0: q xor 0x80, offset
+// 128), so that vpdpbusd multiplies them with the input's signed q; offset times the input's
+// sums of 4, by another vpdpbusd, is taken back in int32: each lane holds the same exact sum of
+// 4 products as the 256-bit kernel's. Its fp32 steps then follow that kernel's: block after
+// block, even blocks on one accumulator and odd ones on another (the same bits).
+template <int64_t type>
+float row_dot_small_blocks_512(const uint8_t* row, const InputQ8& x, int64_t k) {
+  constexpr int64_t bb = type == Q5_0 ? 22 : 34;
+  const int64_t n = k / 32;
+  const int8_t* xq = x.q.data();
+  // Q5_0: [qs0 | qs1] (16 bytes each) -> [qs0, qs0, qs1, qs1], the second of each pair shifted
+  // by 4 in its 16-bit lanes: low nibbles are values 0..15, high nibbles 16..31
+  const __m512i pairs = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+  const int64_t four = 0x0004000400040004;
+  const __m512i shifts = _mm512_set_epi64(four, four, 0, 0, four, four, 0, 0);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(16);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i offset = type == Q5_0 ? fifth : flip;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t blk = 0;
+  for (; blk + 1 < n; blk += 2) {
+    const uint8_t* b0 = row + blk * bb;
+    const uint8_t* b1 = b0 + bb;
+    prefetch_ahead(b0, 2 * bb);
+    __m512i u;
+    if constexpr (type == Q5_0) {
+      const __m256i qs =
+          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 6))),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 6)), 1);
+      const __m512i nib =
+          _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi64(pairs, _mm512_castsi256_si512(qs)), shifts), m4);
+      uint32_t h0, h1;
+      std::memcpy(&h0, b0 + 2, 4);
+      std::memcpy(&h1, b1 + 2, 4);
+      u = _mm512_mask_add_epi8(nib, _cvtu64_mask64(h0 | (static_cast<uint64_t>(h1) << 32)), nib, fifth);
+    } else {
+      const __m512i q =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)), 1);
+      u = _mm512_xor_si512(q, flip);
+    }
+    const __m512i xs = load64(xq + blk * 32);
+    const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xs),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xs));
+    const __m256 s0 = _mm256_set1_ps(half_at(b0) * x.d[blk]), s1 = _mm256_set1_ps(half_at(b1) * x.d[blk + 1]);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(s)), s0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(s, 1)), s1, acc1);
+  }
+  if (blk < n) {
+    const uint8_t* b = row + blk * bb;
+    const __m256i q = type == Q5_0 ? q5_0_values(b) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4_signed(q, load32(xq + blk * 32))),
+                           _mm256_set1_ps(half_at(b) * x.d[blk]), acc0);
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 }  // namespace ggml_blocks
