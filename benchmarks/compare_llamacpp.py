@@ -14,15 +14,15 @@ shared with other work, wall-clock figures measure the other work too, and with 
 tokens per CPU-second is the fairer comparison (with several, CPU time includes threads
 spinning while they wait for each other).
 Each run is its own process, so peak memory is that run's alone and no engine warms the other's
-caches. llama.cpp runs twice per length, flash attention off and on; the ratios compare msa with
-the faster of the two. msa runs with its default attention (dense for the first 1,024 tokens,
-MSA block selection after) and the weights given by --msa: file (the default: each tensor as
-the GGUF stores it, the blocks llama.cpp computes with, under the CLI's default --dtype auto:
-prefill on bf16 tiles where the CPU has AMX or AVX-512 BF16, and its attention on bf16 products
-with AVX-512 BF16), file-fp32-attention (the same with prefill's attention in fp32, as before
-2026-12-03), file-fp32 (the same with --dtype fp32: exact fp32 products), int4, int8, fp32 or
-bf16. (Results written before 2026-12-02 name
-the exact setting "file" and the bf16 one "file-bf16".)
+caches. llama.cpp runs twice per length, flash attention off and on (or one of them:
+--flash-attn); the ratios compare msa with the faster of those run. msa runs with its default
+attention (dense for the first 1,024 tokens, MSA block selection after) and the weights given by
+--msa: file (the default: each tensor as the GGUF stores it, the blocks llama.cpp computes with,
+under the CLI's default --dtype auto: prefill on bf16 tiles where the CPU has AMX or AVX-512
+BF16, and its attention on bf16 products with AVX-512 BF16), file-fp32-attention (the same with
+prefill's attention in fp32, as before 2026-12-03), file-fp32 (the same with --dtype fp32: exact
+fp32 products), int4, int8, fp32 or bf16. (Results written before 2026-12-02 name the exact
+setting "file" and the bf16 one "file-bf16".)
 
 llama.cpp comes from llama-cpp-python in a virtual environment of its own (--venv), built with
 --install (it compiles llama.cpp for this CPU: 10 minutes or more, so never in CI):
@@ -175,6 +175,13 @@ def main() -> None:
         "(--dtype fp32: exact), int4, int8, fp32, bf16",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
+    parser.add_argument(
+        "--flash-attn",
+        choices=("both", "off", "on"),
+        default="both",
+        help="llama.cpp's runs: flash attention off and on, or one of them (long prompts: "
+        "each run is a whole prefill)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
     parser.add_argument(
         "--converted-root", type=Path, default=None, help="msa's converted-model cache"
@@ -207,7 +214,9 @@ def main() -> None:
     rng = random.Random(0)
     engines = [("msa", w) for w in args.msa.split(",")]
     if not args.no_llamacpp:
-        engines += [("llama.cpp", "fa off"), ("llama.cpp", "fa on")]
+        engines += [
+            ("llama.cpp", f"fa {fa}") for fa in ("off", "on") if args.flash_attn in (fa, "both")
+        ]
     rows = []
     print(
         f"{Path(args.gguf).name}, {args.threads} threads, decode {args.decode} tokens, "
@@ -257,7 +266,8 @@ def main() -> None:
     ratios = compare(rows)
     if ratios:
         print(
-            "\nmsa / llama.cpp (the faster of flash attention off and on, per length and figure):"
+            "\nmsa / llama.cpp (the faster of its runs, flash attention off and on, per length and "
+            "figure):"
         )
         for r in ratios:
             print(
