@@ -171,6 +171,15 @@ GGML_INLINE void prefetch_ahead(const uint8_t* b, int64_t bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_AHEAD + at), _MM_HINT_T0);
 }
 
+// Q4_K block `blk` of a row (b, its scales and mins `bytes`): mins plus its min j times the
+// input's sum over sub-block j (its two sums of 16), scaled, in 4 fp32 lanes.
+GGML_INLINE __m128 q4k_add_mins(const uint8_t* b, __m128i bytes, const InputQ8& x, int64_t blk, __m128 mins) {
+  const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
+  const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums16), _mm256_extracti128_si256(sums16, 1));
+  const __m128i m = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(bytes, bytes)), sums32);
+  return _mm_fmadd_ps(_mm_set1_ps(half_at(b + 2) * x.d[blk]), _mm_cvtepi32_ps(m), mins);
+}
+
 // Unsigned bytes u times signed bytes s, summed by 4 into int32 lanes: one VNNI instruction,
 // or maddubs (pairs into int16: no saturation here, |u| <= 128 and |s| <= 127) then madd.
 // The build's macros choose (g++ does not define __AVX512VNNI__ under `#pragma GCC target`).
@@ -206,11 +215,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
       prefetch_ahead(b, 144);
       const int8_t* xb = xq + blk * 256;
       const __m128i bytes = q4k_scales_mins(b);
-      // min j times the input's sum over sub-block j (its two sums of 16)
-      const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
-      const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums16), _mm256_extracti128_si256(sums16, 1));
-      const __m128i m = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(bytes, bytes)), sums32);
-      mins = _mm_fmadd_ps(_mm_set1_ps(half_at(b + 2) * x.d[blk]), _mm_cvtepi32_ps(m), mins);
+      mins = q4k_add_mins(b, bytes, x, blk, mins);
       alignas(16) int16_t sc[8];
       _mm_store_si128(reinterpret_cast<__m128i*>(sc), _mm_cvtepu8_epi16(bytes));
       __m256i sum = _mm256_setzero_si256();

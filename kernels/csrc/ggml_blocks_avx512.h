@@ -7,7 +7,8 @@
 // VNNI's vpdpwssd multiplies the int16 pair sums by their sub-block scales and adds them in one.
 //
 // The integers are the 256-bit kernels' (the same q times the same input q, the same sub-block
-// scales, exact); only the fp32 sums of the lanes run in another order.
+// scales, exact). Q4_K and Q6_K sum them in fp32 over 16 lanes instead of 8 (another order of
+// the same sums); Q5_0 and Q8_0 keep the 256-bit kernel's fp32 steps (the same bits).
 #pragma once
 
 #include "ggml_block_types.h"
@@ -30,8 +31,8 @@ inline constexpr ScaleLanes q6k_lanes{4, 8};   // groups 4j .. 4j + 3 of 16 valu
 
 inline __m512i load64(const int8_t* p) { return _mm512_loadu_si512(p); }
 
-// 32 bytes in both halves of a 512-bit vector, the upper half shifted right by `upper` bits in
-// each 16-bit lane.
+// 32 bytes in both halves of a 512-bit vector, each 16-bit lane shifted right by its count in
+// `shift` (0 in the lower half, the upper half's own count above).
 GGML_INLINE __m512i both_halves(const uint8_t* p, __m512i shift) {
   return _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), shift);
 }
@@ -53,10 +54,7 @@ inline float row_dot_q4k_512(const uint8_t* row, const InputQ8& x, int64_t k) {
     prefetch_ahead(b, 144);
     const int8_t* xb = xq + blk * 256;
     const __m128i bytes = q4k_scales_mins(b);
-    const __m256i sums16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + blk * 16));
-    const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums16), _mm256_extracti128_si256(sums16, 1));
-    const __m128i m = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(bytes, bytes)), sums32);
-    mins = _mm_fmadd_ps(_mm_set1_ps(half_at(b + 2) * x.d[blk]), _mm_cvtepi32_ps(m), mins);
+    mins = q4k_add_mins(b, bytes, x, blk, mins);
     const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(bytes));
     __m512i sum = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
