@@ -5,9 +5,9 @@ A weight is `blocks` (uint8 [R, bytes per row], rows of llama.cpp blocks), its G
 optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; empty: i itself).
 `linear` computes one row of input (decode) as llama.cpp does: the row quantized to int8
 (`quantize_input`, llama.cpp's Q8_0 or Q8_K), then per block the exact integer sums of the
-weights' q times its q, scaled in fp32 (with AVX-512 VNNI, Q4_K and Q6_K rows on 512-bit
-vectors; else AVX-VNNI or AVX2 dot products), or in fp32 where asked (`exact`: output heads);
-the rows shared by the threads as they finish. More rows (prefill) in
+weights' q times its q, scaled in fp32 (with AVX-512 VNNI on 512-bit vectors; else AVX-VNNI
+or AVX2 dot products), or in fp32 where asked (`exact`: output heads); the rows shared by the
+threads as they finish. More rows (prefill) in
 fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster choice where
 the CPU multiplies bf16 fast (`bf16_fast()`): bf16 tiles of the weights times bf16-rounded
 inputs, summed in fp32: on AMX tiles with fp32 output (`bf16_matrix_units()`), else by PyTorch's
