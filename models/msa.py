@@ -43,7 +43,7 @@ from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
 from .layers import apply_rope
-from .msa_decode import heads_in_turn, union_over_heads
+from .msa_decode import far_span, heads_in_turn, union_over_heads
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
 # "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
@@ -118,8 +118,7 @@ def _kept_for_the_answer(last, q, q_start, ctx: ForwardContext, layer: int) -> l
     blocks = last[last >= 0].tolist()
     plan, cache = ctx.plan, ctx.cache
     block_size, n_tokens = plan.block_size, q_start + q.shape[1]
-    window_first = max(0, (n_tokens - 1) // block_size - plan.local_blocks + 1)
-    sink_end = min(plan.sink_blocks, window_first)
+    sink_end, window_first = far_span(n_tokens, plan, block_size)
     far = [b for b in blocks if sink_end <= b < window_first]
     limit = ANSWER_QUESTION_TOPKS * plan.topk
     if len(far) <= limit:

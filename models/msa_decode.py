@@ -80,6 +80,14 @@ def heads_in_turn(ranked: torch.Tensor, k: int) -> list[int]:
     return list(dict.fromkeys(ranked[:, :k].T.reshape(-1).tolist()))[:k]
 
 
+def far_span(n_tokens: int, s, block_size: int) -> tuple[int, int]:
+    """(sink_end, local_start): a query at token n_tokens - 1 reads blocks [0, sink_end) as
+    its sink and [local_start, its own block] as its local window; the blocks between are far,
+    the ones it selects from."""
+    local_start = max(0, (n_tokens - 1) // block_size - s.local_blocks + 1)
+    return min(s.sink_blocks, local_start), local_start
+
+
 def _choose(q, cache, layer, q_start, plan):
     """`_select` for the decode query q at q_start, by content: keys and the query rotated back
     to position 0 (msa.py)."""
@@ -99,8 +107,7 @@ def _select(qf, summaries, n_tokens, s, block_size):
     (the same in every row; the last used one holds the query); the top-k blocks of each KV head
     best first, [Hkv, topk] (None when every candidate is taken)."""
     last = (n_tokens - 1) // block_size
-    local_start = max(0, last - s.local_blocks + 1)
-    sink_end = min(s.sink_blocks, local_start)
+    sink_end, local_start = far_span(n_tokens, s, block_size)
     hkv = qf.shape[0]
     n_candidates = local_start - sink_end
     width = s.sink_blocks + s.topk + s.local_blocks
