@@ -79,9 +79,11 @@ def msa_worker(job: dict) -> dict:
 
     import torch
 
+    from msa.engine.allocator import keep_freed_memory
     from msa.engine.bench import prefill_as_asked
     from msa.models.loading import load_model
 
+    keep_freed_memory()  # as msa's engine sets it at load
     torch.set_num_threads(job["threads"])
     weights = job["weights"]
     from_file = weights in ("file", "file-fp32", "file-fp32-attention")

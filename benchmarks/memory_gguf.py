@@ -33,10 +33,12 @@ MSA_RUN = r"""
 import json, sys, time
 start = time.perf_counter()
 import torch
+from msa.engine.allocator import keep_freed_memory
 from msa.engine.generate import prefill
 from msa.models.loading import load_model
 from pathlib import Path
 job = json.loads(sys.argv[1])
+keep_freed_memory()  # as msa's engine sets it at load
 torch.set_num_threads(job["threads"])
 loaded = load_model(job["gguf"], converted_root=Path(job["converted"]), dtype="auto")  # as msa ask
 load_s = time.perf_counter() - start

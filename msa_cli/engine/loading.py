@@ -1,4 +1,5 @@
-"""Loading a model: threads, converted copies in the cache directory, the fused decode step."""
+"""Loading a model: threads, malloc's settings, converted copies in the cache directory, the fused
+decode step."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from .allocator import keep_freed_memory
 from .idle_cores import idle_cores
 from .paths import cache_dir, converted_models_dir
 
@@ -42,6 +44,7 @@ def load(
     from .generate import prepare_decode
     from .paths import calibrations_dir, quantized_models_dir, registered_models
 
+    keep_freed_memory()
     start = time.perf_counter()
     key = (model, quant, dtype)
     if key not in _loaded:
