@@ -8,12 +8,14 @@ oneDNN turned off (`torch.backends.mkldnn`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_kernels_ggml_blocks import fp64_product, random_weight
 
 from msa.kernels import ggml_blocks
 from msa.kernels.testing import assert_close
+from msa.models.gguf_blocks import dequantize_rows
 
 pytest.importorskip("gguf")
 TYPES = list(ggml_blocks.TYPES)
@@ -51,6 +53,38 @@ def test_bf16_tiles_are_the_reference_rounded_to_bf16(qtype):
     got = ggml_blocks.dequantize_bf16(blocks, ggml_blocks.TYPES[qtype], 1024, 3, 37)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, w[3:37].bfloat16())
+
+
+def test_bf16_rounding_at_its_edges():
+    """Q8_0 rows built by hand whose values tie between two bf16 numbers (to even), are large,
+    tiny (fp16's smallest scale), infinite or NaN: the same bits as PyTorch's rounding (a NaN
+    stays a NaN, its payload not kept), on the 16-wide path and on a CPU without it (the
+    256-bit build)."""
+    scales = [
+        1 + 2**-8,
+        1 + 3 * 2**-8,
+        3 * 2**-10 + 2**-16,
+        65504.0,
+        2**-24,
+        float("inf"),
+        float("nan"),
+    ]
+    q = np.arange(-128, 128, dtype=np.int8).reshape(8, 32)
+    rows = []
+    for d in scales:
+        blocks = [np.float16(d).tobytes() + q[i].tobytes() for i in range(8)]
+        rows.append(np.frombuffer(b"".join(blocks), dtype=np.uint8))
+    blocks = torch.from_numpy(np.stack(rows))
+    with np.errstate(invalid="ignore"):  # inf * 0 and nan * q: NaN, as intended
+        expected = torch.from_numpy(dequantize_rows(blocks.numpy(), "Q8_0", 256)).bfloat16()
+    nan = expected.isnan()
+    assert nan[6].all() and nan.sum() == 256 + 1  # the NaN row, and inf * 0
+    for ext in filter(None, [ggml_blocks.compiled_extension(), ggml_blocks.narrow_extension()]):
+        got = ext.dequantize_bf16(
+            blocks, ggml_blocks.TYPES["Q8_0"], ggml_blocks.NO_ROW_IDS, 256, 0, 7
+        )
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got[~nan].view(torch.int16), expected[~nan].view(torch.int16))
 
 
 @pytest.mark.parametrize("path", PATHS)
