@@ -57,6 +57,14 @@ def linear(
     return compiled_extension().linear(x, blocks, ggml_type, row_ids, exact)
 
 
+def matvec_parts(x: torch.Tensor, parts: list[tuple[torch.Tensor, int, torch.Tensor]]):
+    """x [K] fp32 -> [sum of N]: each (blocks, ggml_type, row_ids)'s product with x, side by side,
+    as one matvec (x quantized once a format, the rows shared by the threads as one run): the
+    same values as `linear` of each."""
+    blocks, types, ids = zip(*parts)
+    return compiled_extension().matvec_parts(x, list(blocks), list(types), list(ids))
+
+
 def dequantize(
     blocks: torch.Tensor, ggml_type: int, n_cols: int, first: int, last: int, row_ids=NO_ROW_IDS
 ) -> torch.Tensor:

@@ -104,6 +104,35 @@ def test_one_row_product_over_many_rows_shared_by_the_threads(qtype):
         assert_close(got, exact.float(), atol=tol, rtol=0, what=f"{qtype}, {threads} threads")
 
 
+def test_matvec_of_several_matrices_is_each_matrix_matvec():
+    """A group's matrices (a layer's q, k and v in different types) as one matvec: the input
+    quantized once a format, the rows of all shared by the threads as one run: the same bits as
+    each matrix's own matvec, over 1-3 threads, row ids included; and each the product of its
+    quantized input (fp64)."""
+    k, parts, expected = 512, [], []
+    for i, (qtype, rows) in enumerate([("Q4_K", 700), ("Q5_0", 300), ("Q6_K", 50), ("Q8_0", 900)]):
+        blocks, w = random_weight(qtype, rows, k, seed=20 + i)
+        ids = ggml_blocks.NO_ROW_IDS  # rows in order, or picked by ids (every other matrix)
+        if i % 2 == 0:
+            ids = torch.randperm(rows, generator=torch.Generator().manual_seed(i))
+            w = w[ids]
+        parts.append((blocks, ggml_blocks.TYPES[qtype], ids))
+        expected.append((qtype, w))
+    x = one_row_input(k, seed=30)
+    alone = torch.cat([ggml_blocks.linear(x, b, t, ids)[0] for b, t, ids in parts])
+    for threads in (1, 2, 3):
+        with_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            got = ggml_blocks.matvec_parts(x[0].contiguous(), parts)
+        finally:
+            torch.set_num_threads(with_threads)
+        assert torch.equal(got, alone), f"{threads} threads"
+    for (qtype, w), y in zip(expected, alone.split([w.shape[0] for _, w in expected])):
+        exact, tol = fp64_product(quantized(x, qtype), w)
+        assert_close(y, exact[0].float(), atol=tol, rtol=0, what=qtype)
+
+
 @pytest.mark.parametrize("long", [True, False])
 @pytest.mark.parametrize("qtype", TYPES)
 def test_wide_and_narrow_rows_give_the_same_products(qtype, long):

@@ -42,13 +42,24 @@ struct Linear {
   at::Tensor bias;    // fp32 [N], or undefined: none (Qwen2's q/k/v, Llama's attention_bias)
   int64_t in = 0, out = 0;
 
+  // GGUF blocks: the matrix as a part of a matvec writing to y.
+  ggml_blocks::MatvecPart ggml_part(float* y) const {
+    const int64_t row_bytes = in / ggml_blocks::block_values(group) * ggml_blocks::block_bytes(group);
+    return {group, a.data_ptr<uint8_t>(), row_bytes, b.numel() > 0 ? b.data_ptr<int64_t>() : nullptr, out, y};
+  }
+
+  void add_bias(float* y) const {
+    if (!bias.defined()) return;
+    const float* bp = bias.data_ptr<float>();
+    for (int64_t i = 0; i < out; ++i) y[i] += bp[i];
+  }
+
   // y[0..out) = W x[0..in) (+ bias, in fp32 as the per-op modules add it); the int kernels
   // take bf16 activations and give bf16 back; GGUF blocks take x quantized to int8 (ggml_blocks.h).
   void apply(const float* x, float* y) const {
     if (kind == GGML) {
-      const int64_t row_bytes = in / ggml_blocks::block_values(group) * ggml_blocks::block_bytes(group);
-      const int64_t* ids = b.numel() > 0 ? b.data_ptr<int64_t>() : nullptr;
-      ggml_blocks::matvec(group, a.data_ptr<uint8_t>(), row_bytes, ids, out, in, x, y);
+      const ggml_blocks::MatvecPart part = ggml_part(y);
+      ggml_blocks::matvec_parts(&part, 1, in, x);
     } else if (kind == FP32) {
       at::Tensor xt = at::from_blob(const_cast<float*>(x), {in}, at::kFloat);
       at::Tensor yt = at::from_blob(y, {out}, at::kFloat);
@@ -62,10 +73,7 @@ struct Linear {
       const auto* yp = yb.data_ptr<at::BFloat16>();
       for (int64_t i = 0; i < out; ++i) y[i] = static_cast<float>(yp[i]);
     }
-    if (bias.defined()) {
-      const float* bp = bias.data_ptr<float>();
-      for (int64_t i = 0; i < out; ++i) y[i] += bp[i];
-    }
+    add_bias(y);
   }
 };
 
@@ -75,7 +83,24 @@ struct Linear {
 struct LinearGroup {
   std::vector<Linear> parts;
 
+  // Parts all in GGUF blocks run as one matvec (ggml_blocks::matvec_parts: one parallel region
+  // for the group, x quantized once); others one after another.
   void apply(const float* x, float* y) const {
+    const bool blocks = std::all_of(parts.begin(), parts.end(), [](const Linear& p) { return p.kind == GGML; });
+    if (blocks && parts.size() > 1) {
+      std::vector<ggml_blocks::MatvecPart> matrices;
+      float* out = y;
+      for (const Linear& part : parts) {
+        matrices.push_back(part.ggml_part(out));
+        out += part.out;
+      }
+      ggml_blocks::matvec_parts(matrices.data(), static_cast<int64_t>(matrices.size()), parts[0].in, x);
+      for (const Linear& part : parts) {
+        part.add_bias(y);
+        y += part.out;
+      }
+      return;
+    }
     for (const Linear& part : parts) {
       part.apply(x, y);
       y += part.out;

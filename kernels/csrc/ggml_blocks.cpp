@@ -43,6 +43,30 @@ at::Tensor dequantize(at::Tensor blocks, int64_t type, at::Tensor row_ids, int64
   return out;
 }
 
+// x [k] fp32 -> the matrices' products with x side by side [sum of their rows], as one matvec
+// (ggml_blocks::matvec_parts: the fused decode step's q/k/v and gate/up).
+at::Tensor matvec_parts(at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
+                        std::vector<at::Tensor> row_ids) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 1 && x.is_contiguous(), "x must be fp32 [K]");
+  TORCH_CHECK(!blocks.empty() && blocks.size() == types.size() && blocks.size() == row_ids.size(),
+              "one type and one row id list per matrix");
+  std::vector<Rows> matrices;
+  int64_t total = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    matrices.push_back(rows_of(blocks[i], types[i], row_ids[i], x.size(0)));
+    total += matrices.back().n;
+  }
+  at::Tensor y = at::empty({total}, at::kFloat);
+  std::vector<ggml_blocks::MatvecPart> parts;
+  float* out = y.data_ptr<float>();
+  for (const Rows& w : matrices) {
+    parts.push_back({w.type, w.base, w.row_bytes, w.ids, w.n, out});
+    out += w.n;
+  }
+  ggml_blocks::matvec_parts(parts.data(), static_cast<int64_t>(parts.size()), x.size(0), x.data_ptr<float>());
+  return y;
+}
+
 // Rows of W per dequantized tile of the many-row products: about 4M values (16 MB in fp32, 8 in
 // bf16), at least 64.
 int64_t tile_rows(int64_t k) { return std::max<int64_t>(64, (int64_t{1} << 22) / k); }
@@ -123,6 +147,7 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+  m.def("matvec_parts", &matvec_parts, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_bf16", &dequantize_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("linear_bf16", &linear_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("bf16_matrix_units", &bf16_matrix_units);

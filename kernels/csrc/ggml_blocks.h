@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -90,15 +91,54 @@ void share_rows(int64_t n_rows, int64_t row_bytes, const F& f) {
   });
 }
 
-// y [n_rows] = W x for `n_rows` rows of `k` weights laid out as in dequantize_rows, with x
-// quantized to int8 first (ggml_input_q8.h), as llama.cpp computes a matvec.
+// One matrix of a matvec: `n_rows` rows of weights laid out as in dequantize_rows, and where
+// its outputs go.
+struct MatvecPart {
+  int64_t type;
+  const uint8_t* base;
+  int64_t row_bytes;
+  const int64_t* row_ids;  // or nullptr: rows in order
+  int64_t n_rows;
+  float* y;  // [n_rows]
+};
+
+// Each part's y = W x for parts that read the same x [k], with x quantized to int8 first
+// (ggml_input_q8.h), as llama.cpp computes a matvec: once for every part of its input format,
+// and the parts' rows taken by the threads as one run of rows (a layer's q, k and v, or its
+// gate and up: one parallel region and one wait for the slowest thread, not one each).
+inline void matvec_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, const float* x) {
+  InputQ8 q8_k, q8_0;  // the K-quants' input format, and Q5_0's and Q8_0's
+  bool need_k = false, need_0 = false;
+  std::vector<int64_t> starts(static_cast<size_t>(n_parts) + 1, 0);
+  int64_t min_row_bytes = parts[0].row_bytes;
+  for (int64_t i = 0; i < n_parts; ++i) {
+    const bool k_quant = parts[i].type == Q4_K || parts[i].type == Q6_K;
+    need_k |= k_quant;
+    need_0 |= !k_quant;
+    starts[i + 1] = starts[i] + parts[i].n_rows;
+    min_row_bytes = std::min(min_row_bytes, parts[i].row_bytes);
+  }
+  if (need_k) quantize_q8_K(x, k, q8_k);
+  if (need_0) quantize_q8_0(x, k, q8_0);
+  share_rows(starts[n_parts], min_row_bytes, [&](int64_t first, int64_t last) {
+    int64_t p = 0;
+    for (int64_t r = first; r < last;) {
+      while (r >= starts[p + 1]) ++p;
+      const MatvecPart& m = parts[p];
+      const InputQ8& xq = m.type == Q4_K || m.type == Q6_K ? q8_k : q8_0;
+      for (const int64_t end = std::min(last, starts[p + 1]); r < end; ++r) {
+        const int64_t i = r - starts[p];
+        m.y[i] = row_dot(m.type, m.base + (m.row_ids ? m.row_ids[i] : i) * m.row_bytes, xq, k);
+      }
+    }
+  });
+}
+
+// y [n_rows] = W x: matvec_parts for one matrix.
 inline void matvec(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids, int64_t n_rows,
                    int64_t k, const float* x, float* y) {
-  InputQ8 xq;
-  quantize_input(type, x, k, xq);
-  share_rows(n_rows, row_bytes, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) y[r] = row_dot(type, base + (row_ids ? row_ids[r] : r) * row_bytes, xq, k);
-  });
+  const MatvecPart part{type, base, row_bytes, row_ids, n_rows, y};
+  matvec_parts(&part, 1, k, x);
 }
 
 // The same in fp32, the exact weights times x (an output head's logits).
