@@ -44,8 +44,8 @@ struct Linear {
 
   // GGUF blocks: the matrix as a part of a matvec writing to y.
   ggml_blocks::MatvecPart ggml_part(float* y) const {
-    const int64_t row_bytes = in / ggml_blocks::block_values(group) * ggml_blocks::block_bytes(group);
-    return {group, a.data_ptr<uint8_t>(), row_bytes, b.numel() > 0 ? b.data_ptr<int64_t>() : nullptr, out, y};
+    return {group, a.data_ptr<uint8_t>(), ggml_blocks::bytes_per_row(group, in),
+            b.numel() > 0 ? b.data_ptr<int64_t>() : nullptr, out, y};
   }
 
   void add_bias(float* y) const {
@@ -501,7 +501,7 @@ Linear make_linear(const py::tuple& spec, int64_t in, int64_t out) {
   if (l.kind == GGML) {
     TORCH_CHECK(ggml_blocks::supported(l.group) && in % ggml_blocks::block_values(l.group) == 0 &&
                     l.a.scalar_type() == at::kByte && l.a.is_contiguous() &&
-                    l.a.size(1) == in / ggml_blocks::block_values(l.group) * ggml_blocks::block_bytes(l.group) &&
+                    l.a.size(1) == ggml_blocks::bytes_per_row(l.group, in) &&
                     (l.b.numel() == 0 ? l.a.size(0) == out : l.b.numel() == out && l.b.scalar_type() == at::kLong),
                 "GGUF blocks must be contiguous uint8 [rows, bytes of a row of `in`], row ids int64 [out]");
   }

@@ -18,7 +18,9 @@ namespace ggml_blocks {
 enum Type : int64_t { Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 inline bool supported(int64_t type) { return type == Q5_0 || type == Q8_0 || type == Q4_K || type == Q6_K; }
-inline int64_t block_values(int64_t type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
+// The K-quants: blocks of 256 values, and a matvec's input quantized as Q8_K (Q8_0 for the others).
+inline bool k_quant(int64_t type) { return type == Q4_K || type == Q6_K; }
+inline int64_t block_values(int64_t type) { return k_quant(type) ? 256 : 32; }
 inline int64_t block_bytes(int64_t type) {
   switch (type) {
     case Q5_0: return 22;
@@ -27,6 +29,8 @@ inline int64_t block_bytes(int64_t type) {
     default: return 210;  // Q6_K
   }
 }
+// Bytes of a row of k weights (k a multiple of block_values).
+inline int64_t bytes_per_row(int64_t type, int64_t k) { return k / block_values(type) * block_bytes(type); }
 inline int64_t group_size(int64_t type) { return type == Q6_K ? 16 : 32; }
 
 inline float half_at(const uint8_t* p) {

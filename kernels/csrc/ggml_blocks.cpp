@@ -20,7 +20,7 @@ Rows rows_of(const at::Tensor& blocks, int64_t type, const at::Tensor& row_ids, 
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "blocks must be contiguous uint8 [rows, bytes per row]");
   TORCH_CHECK(k % ggml_blocks::block_values(type) == 0, "the input width must be whole blocks");
-  const int64_t row_bytes = k / ggml_blocks::block_values(type) * ggml_blocks::block_bytes(type);
+  const int64_t row_bytes = ggml_blocks::bytes_per_row(type, k);
   TORCH_CHECK(blocks.size(1) == row_bytes, "blocks hold ", blocks.size(1), " bytes a row, not ", row_bytes);
   int64_t n = blocks.size(0);
   const int64_t* ids = nullptr;

@@ -112,9 +112,8 @@ inline void matvec_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, co
   std::vector<int64_t> starts(static_cast<size_t>(n_parts) + 1, 0);
   int64_t min_row_bytes = parts[0].row_bytes;
   for (int64_t i = 0; i < n_parts; ++i) {
-    const bool k_quant = parts[i].type == Q4_K || parts[i].type == Q6_K;
-    need_k |= k_quant;
-    need_0 |= !k_quant;
+    need_k |= k_quant(parts[i].type);
+    need_0 |= !k_quant(parts[i].type);
     starts[i + 1] = starts[i] + parts[i].n_rows;
     min_row_bytes = std::min(min_row_bytes, parts[i].row_bytes);
   }
@@ -125,7 +124,7 @@ inline void matvec_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, co
     for (int64_t r = first; r < last;) {
       while (r >= starts[p + 1]) ++p;
       const MatvecPart& m = parts[p];
-      const InputQ8& xq = m.type == Q4_K || m.type == Q6_K ? q8_k : q8_0;
+      const InputQ8& xq = k_quant(m.type) ? q8_k : q8_0;
       for (const int64_t end = std::min(last, starts[p + 1]); r < end; ++r) {
         const int64_t i = r - starts[p];
         m.y[i] = row_dot(m.type, m.base + (m.row_ids ? m.row_ids[i] : i) * m.row_bytes, xq, k);

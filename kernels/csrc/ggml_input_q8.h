@@ -68,7 +68,7 @@ inline void quantize_q8_K(const float* x, int64_t k, InputQ8& out) {
 }
 
 inline void quantize_input(int64_t type, const float* x, int64_t k, InputQ8& out) {
-  if (type == Q4_K || type == Q6_K)
+  if (k_quant(type))
     quantize_q8_K(x, k, out);
   else
     quantize_q8_0(x, k, out);
