@@ -8,8 +8,10 @@ mean and largest KL divergence, and how often the top token agrees.
 
     python benchmarks/int8_inputs.py FILE.gguf [FILE.gguf ...]
 
-Rows: bf16 tiles (what prefill runs), int8 inputs a scale per 32 (a kernel of our own), and a
-scale per 256 (llama.cpp's Q8_K for K-quant weights; where a width is not a multiple of 256, 32).
+Rows: bf16 tiles (--dtype bf16), int8 inputs a scale per 32, and a scale per 256 (llama.cpp's
+Q8_K for K-quant weights; where a width is not a multiple of 256, 32), emulated; and the int8
+kernel prefill runs under --dtype auto on AVX-512 VNNI (ggml_blocks.linear_int8: Q8_K inputs
+for K-quant weights, Q8_0 for Q5_0 and Q8_0, as decode and llama.cpp).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main() -> int:
     from msa.engine.prompt import build_prompt
     from msa.kernels import ggml_blocks
     from msa.models.attention_settings import AttentionSettings
-    from msa.models.ggml_linear import GgmlLinear
+    from msa.models.ggml_linear import BF16, EXACT, INT8, GgmlLinear
 
     exact_product = GgmlLinear._product
     weights: dict[int, torch.Tensor] = {}
@@ -70,12 +72,17 @@ def main() -> int:
 
         return product
 
-    def bf16_tiles(self, x, exact):
-        self.prefill_bf16 = True
-        try:
-            return exact_product(self, x, exact)
-        finally:
-            self.prefill_bf16 = False
+    def kernel(products: str):
+        """The layers' own many-row products of kind `products` (ggml_linear.BF16, INT8)."""
+
+        def product(self, x, exact):
+            self.prefill = products
+            try:
+                return exact_product(self, x, exact)
+            finally:
+                self.prefill = EXACT
+
+        return product
 
     def log_probs(loaded, product) -> torch.Tensor:
         GgmlLinear._product = product
@@ -93,10 +100,11 @@ def main() -> int:
         loaded = load(str(path), dtype="fp32").loaded
         for m in loaded.model.modules():
             if isinstance(m, GgmlLinear):
-                m.prefill_bf16 = False
+                m.prefill = EXACT
         exact = log_probs(loaded, exact_product)
-        rows = [("bf16 tiles", bf16_tiles), ("int8, 32 a scale", int8_inputs(32))]
+        rows = [("bf16 tiles", kernel(BF16)), ("int8, 32 a scale", int8_inputs(32))]
         rows.append(("int8, 256 a scale", int8_inputs(256)))
+        rows.append(("int8 kernel", kernel(INT8)))
         for name, product in rows:
             got = log_probs(loaded, product)
             kl = (exact.exp() * (exact - got)).sum(-1)

@@ -8,7 +8,9 @@ optional `row_ids` (int64 [N]: output row i is row `row_ids[i]` of `blocks`; emp
 weights' q times its q, scaled in fp32 (with AVX-512 VNNI on 512-bit vectors; else AVX-VNNI
 or AVX2 dot products), or in fp32 where asked (`exact`: output heads); the rows shared by the
 threads as they finish. More rows (prefill) in
-fp32, tiles of dequantized rows times a GEMM. `linear_bf16` is prefill's faster choice where
+fp32, tiles of dequantized rows times a GEMM. `linear_int8` is prefill's fastest choice where
+the CPU has AVX-512 VNNI (`int8_gemm()`): each row as `linear` computes one row, the input in
+int8, on an int8 GEMM of our own (csrc/ggml_gemm_int8.h). `linear_bf16` is the choice where
 the CPU multiplies bf16 fast (`bf16_fast()`): bf16 tiles of the weights times bf16-rounded
 inputs, summed in fp32: on AMX tiles with fp32 output (`bf16_matrix_units()`), else by PyTorch's
 bf16 GEMM (oneDNN's, on AVX-512 BF16 instructions), whose output is rounded to bf16.
@@ -76,6 +78,22 @@ def linear_bf16(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=N
     """x [M, K] fp32 -> x' W'^T [M, N] fp32, where x' and W' are x and the weights rounded to
     bf16 (to nearest even) and the products are summed in fp32."""
     return compiled_extension().linear_bf16(x, blocks, ggml_type, row_ids)
+
+
+def linear_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=NO_ROW_IDS):
+    """x [M, K] fp32 contiguous -> x W^T [M, N] fp32, each row of x quantized to int8 as `linear`
+    quantizes one row (`quantize_input`) and multiplied in the same integers: the values of
+    `linear` row by row, to the order of fp32 sums. On AVX-512 VNNI a GEMM (`int8_gemm()`),
+    elsewhere row by row."""
+    return compiled_extension().linear_int8(x, blocks, ggml_type, row_ids)
+
+
+def int8_gemm() -> bool:
+    """Whether `linear_int8` runs on its AVX-512 VNNI GEMM here: prefill's fastest product (1.5x
+    the bf16 tiles on oneDNN's GEMM on an AMD EPYC: benchmarks/prefill_products.py). False where
+    the kernels cannot be built."""
+    ext = compiled_extension()
+    return ext is not None and ext.int8_gemm()
 
 
 def dequantize_bf16(

@@ -4,10 +4,12 @@ from the file: nothing converted or copied at load, every bit of the file's weig
 The products run on the C++ kernels of msa.kernels.ggml_blocks: for one row (decode) the input
 quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in integers
 (`exact` keeps an fp32 input); for more rows, dequantized tiles times an fp32
-GEMM, the exact weights' to fp32 rounding. The one exception is chosen by the loader
-(`choose_bf16_prefill`, compute dtype "auto" or "bf16" on a CPU with AMX or AVX-512 BF16):
-then products of more than one row (prefill) multiply bf16 tiles of the weights with
-bf16-rounded inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x faster.
+GEMM, the exact weights' to fp32 rounding. The faster products of more than one row (prefill)
+are chosen by the loader (`choose_prefill_products`, compute dtype "auto" or "bf16"):
+- "int8" (auto, on AVX-512 VNNI): each row as one row's product computes it, the input in int8
+  (`ggml_blocks.linear_int8`): decode's and llama.cpp's arithmetic, 1.5x the bf16 tiles;
+- "bf16" (auto elsewhere on AMX or AVX-512 BF16, or asked for): bf16 tiles of the weights
+  times bf16-rounded inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x the fp32 GEMM.
 Where the kernels cannot be built, the weights are dequantized by the reference (gguf.quants)
 at each call: slow, fp32.
 
@@ -28,6 +30,8 @@ from msa.kernels import ggml_blocks
 from .gguf_blocks import dequantize_rows
 
 SUFFIXES = ("blocks", "ggml_type", "row_ids")
+# how a layer's products of many rows (prefill) run
+EXACT, BF16, INT8 = "exact", "bf16", "int8"
 
 
 def type_name(ggml_type: int) -> str:
@@ -45,7 +49,7 @@ class GgmlLinear(nn.Module):
         self.register_buffer("row_ids", ggml_blocks.NO_ROW_IDS)
         self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self.type_id = 0
-        self.prefill_bf16 = False  # many-row products on bf16 tiles (choose_bf16_prefill)
+        self.prefill = EXACT  # how products of many rows run (choose_prefill_products)
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         if prefix + "blocks" not in state_dict:
@@ -72,8 +76,10 @@ class GgmlLinear(nn.Module):
         flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
         if ggml_blocks.compiled_extension() is None:
             out = F.linear(flat, self.rows(torch.arange(self.out_features)))
-        elif self.prefill_bf16 and flat.shape[0] > 1 and not exact:
+        elif self.prefill == BF16 and flat.shape[0] > 1 and not exact:
             out = ggml_blocks.linear_bf16(flat, self.blocks, self.type_id, self.row_ids)
+        elif self.prefill == INT8 and flat.shape[0] > 1 and not exact:
+            out = ggml_blocks.linear_int8(flat, self.blocks, self.type_id, self.row_ids)
         else:
             out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids, exact)
         if self.bias is not None:
@@ -88,18 +94,22 @@ class GgmlLinear(nn.Module):
         return torch.from_numpy(dequantize_rows(raw, type_name(self.type_id), self.in_features))
 
 
-def choose_bf16_prefill(model: nn.Module, dtype_name: str) -> bool:
-    """Set whether the GgmlLinear layers of `model`'s blocks multiply many rows (prefill) on
-    bf16 tiles, and return it: yes under compute dtype "auto" or "bf16" where this CPU multiplies
-    bf16 fast (AMX, or AVX-512 BF16 through oneDNN: `ggml_blocks.bf16_fast`); under "fp32", and
-    elsewhere, exact fp32. The output head stays exact: prefill asks it for one row (the last
-    token's logits), and a model whose only such layer is its head (the embedded one) is left as
-    it was."""
+def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:
+    """Set how the GgmlLinear layers of `model`'s blocks multiply many rows (prefill), and return
+    it: under compute dtype "auto", INT8 where the int8 GEMM runs here (AVX-512 VNNI:
+    `ggml_blocks.int8_gemm`), else BF16 where this CPU multiplies bf16 fast (AMX, or AVX-512 BF16
+    through oneDNN: `ggml_blocks.bf16_fast`); under "bf16", BF16 where fast; else (and under
+    "fp32") EXACT. The output head stays exact: prefill asks it for one row (the last token's
+    logits), and a model whose only such layer is its head (the embedded one) is left EXACT."""
     head = getattr(model, "lm_head", None)
     layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
-    chosen = bool(layers) and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_fast()
+    chosen = EXACT
+    if layers and dtype_name == "auto" and ggml_blocks.int8_gemm():
+        chosen = INT8
+    elif layers and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_fast():
+        chosen = BF16
     for m in layers:
-        m.prefill_bf16 = chosen
+        m.prefill = chosen
     return chosen
 
 

@@ -15,7 +15,7 @@ from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
-from .ggml_linear import choose_bf16_prefill, swap_ggml_for_state
+from .ggml_linear import EXACT, choose_prefill_products, swap_ggml_for_state
 from .gguf_loader import load_gguf
 from .hf_loader import LAYER_NAME, load_hf_dir
 from .llama import Transformer
@@ -49,7 +49,7 @@ class LoadedModel:
     # (gguf_tensors.quantization_label), or None (floating point)
     quantization: str | None = None
     dtype: str = "fp32"  # the compute dtype
-    bf16_prefill: bool = False  # GGUF-block layers prefill on bf16 tiles (choose_bf16_prefill)
+    prefill_products: str = EXACT  # how GGUF-block layers prefill (choose_prefill_products)
 
     @property
     def config(self):
@@ -135,8 +135,9 @@ def computed_digest(
 ) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
     else hashed with the quantization and dtype, and how prefill multiplies, if not as decode
-    does: `prefill_copy`, the dtype of the copy int4 layers prefill from and "bf16-tiles" for
-    GGUF blocks on bf16 tiles, joined by "+" (the prefix cache keys on it: K/V differ)."""
+    does: `prefill_copy`, the dtype of the copy int4 layers prefill from and "bf16-tiles" or
+    "int8-products" for GGUF blocks (choose_prefill_products), joined by "+" (the prefix cache
+    keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
     label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (
@@ -187,10 +188,11 @@ def load_model(
     else:
         to_quantize = quant
     model = build_model(ckpt, DTYPES[compute], quant=to_quantize, fuse=fuse)
-    bf16_prefill = choose_bf16_prefill(model, dtype_name)
-    model.bf16_attention = bf16_prefill and attention_bf16.serves(model.config.head_dim)
-    # the prefix cache keys on the digest: K/V prefilled from bf16 products differ
-    tiles, attention = bf16_prefill and "bf16-tiles", model.bf16_attention and "bf16-attention"
+    products = choose_prefill_products(model, dtype_name)
+    model.bf16_attention = products != EXACT and attention_bf16.serves(model.config.head_dim)
+    # the prefix cache keys on the digest: K/V prefilled from other products differ
+    tiles = {EXACT: None, "bf16": "bf16-tiles", "int8": "int8-products"}[products]
+    attention = model.bf16_attention and "bf16-attention"
     prefill = "+".join(p for p in (prefill_copies(model), tiles, attention) if p)
     loaded = LoadedModel(
         name=src.name,
@@ -200,7 +202,7 @@ def load_model(
         source=ckpt.source,
         quantization=quant,
         dtype=compute,
-        bf16_prefill=bf16_prefill,
+        prefill_products=products,
     )
     if calibrations is not None:
         measured = read_calibration(calibration_path(calibrations, loaded.digest), model.config)

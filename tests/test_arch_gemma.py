@@ -128,7 +128,7 @@ def test_verbose_says_why_gemma2_attends_densely_and_that_it_decodes_fused(gemma
         name="tiny-gemma2",
         source="here",
         weights="fp32",
-        bf16_prefill=False,
+        prefill_products="exact",
         model=model,
         tokenizer=tokenizer,
     )

@@ -60,12 +60,12 @@ def _item(i):
 
 class _Model:
     name = "stand-in"
-    loaded = type("Loaded", (), {"bf16_prefill": False})()
+    loaded = type("Loaded", (), {"prefill_products": "exact"})()
 
 
 class _TilesModel:
     name = "stand-in"
-    loaded = type("Loaded", (), {"bf16_prefill": True})()
+    loaded = type("Loaded", (), {"prefill_products": "bf16"})()
 
 
 def _sweep(path, asked, model=None):

@@ -247,11 +247,12 @@ def test_bench_e2e_reports_speed_and_memory_for_quantized_weights(run, q4_gguf):
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 0
 
 
-@pytest.mark.parametrize("dtype", [None, "fp32"])
-def test_gguf_blocks_prefill_on_bf16_tiles_by_default_where_bf16_is_fast(run, tmp_path, dtype):
-    """The default compute dtype is auto: a GGUF's Q8_0 layers prefill on bf16 tiles on a CPU with
-    AMX or AVX-512 BF16 (exact fp32 elsewhere), so does attention where the head size and the
-    CPU allow, and --dtype fp32 keeps exact products; -v says."""
+@pytest.mark.parametrize("dtype", [None, "bf16", "fp32"])
+def test_gguf_blocks_prefill_on_fast_products_where_the_cpu_has_them(run, tmp_path, dtype):
+    """The default compute dtype is auto: a GGUF's Q8_0 layers prefill with int8 inputs on a CPU
+    with AVX-512 VNNI, else on bf16 tiles on a CPU with AMX or AVX-512 BF16 (exact fp32
+    elsewhere); --dtype bf16 asks for the tiles; attention on bf16 where the head size and the
+    CPU allow; --dtype fp32 keeps exact products; -v says."""
     from msa.kernels import attention_bf16, ggml_blocks
 
     path = tmp_path / "tiny-q8.gguf"
@@ -261,7 +262,9 @@ def test_gguf_blocks_prefill_on_bf16_tiles_by_default_where_bf16_is_fast(run, tm
     args = ["ask", doc, "hello?", "--model", path, "-n", "2", "-v", "--no-cache"]
     result = run(*args, *(["--dtype", dtype] if dtype else []))
     assert result.exit_code == 0, result.output
-    tiles = dtype is None and ggml_blocks.bf16_fast()
+    int8 = dtype is None and ggml_blocks.int8_gemm()
+    tiles = not int8 and dtype in (None, "bf16") and ggml_blocks.bf16_fast()
+    assert ("(prefill's products in int8, as decode's" in result.stderr) == int8, result.stderr
     assert ("(prefill on bf16 tiles" in result.stderr) == tiles, result.stderr
-    attention = tiles and attention_bf16.serves(tiny_config().head_dim)  # and AVX-512 BF16
-    assert ("(prefill on bf16 tiles and attention)" in result.stderr) == attention, result.stderr
+    attention = (int8 or tiles) and attention_bf16.serves(tiny_config().head_dim)
+    assert ("; attention on bf16)" in result.stderr) == attention, result.stderr

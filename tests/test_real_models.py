@@ -36,7 +36,8 @@ pytestmark = [
 ]
 
 
-# auto: the default, bf16 prefill tiles where the CPU has AMX or AVX-512 BF16; fp32: exact
+# auto: the default, int8 prefill inputs on AVX-512 VNNI, else bf16 tiles where the CPU has AMX
+# or AVX-512 BF16; fp32: exact
 @pytest.fixture(
     scope="module", params=[(f, d) for f in sorted(REAL_FILES) for d in ("fp32", "auto")]
 )
@@ -57,10 +58,11 @@ def test_it_answers_on_the_sample_document(real):
 
 @pytest.mark.skipif(not available(), reason="llama-cpp-python is not installed")
 def test_the_first_32_greedy_tokens_equal_llamacpp(real):
-    """Under exact fp32 prefill (--dtype fp32); bf16 prefill (auto) parts from llama.cpp at the
-    first near tie (README, Quantized weights): test_real_bf16_prefill.py bounds it instead."""
+    """Under exact fp32 prefill (--dtype fp32) and int8 prefill inputs (auto on AVX-512 VNNI: as
+    llama.cpp's); bf16 prefill parts from llama.cpp at the first near tie (README, Quantized
+    weights): test_real_bf16_prefill.py bounds it instead."""
     path, model = real
-    if model.loaded.bf16_prefill:
+    if model.loaded.prefill_products == "bf16":
         pytest.skip("bf16 prefill: greedy tokens follow llama.cpp's only to the first near tie")
     loaded = model.loaded
     prompt = build_prompt(loaded.tokenizer, DOCUMENT.read_text(), QUESTION)

@@ -4,6 +4,7 @@
 
 #include "ggml_blocks.h"
 #include "ggml_blocks_bf16.h"
+#include "ggml_gemm_int8.h"
 
 namespace {
 
@@ -142,6 +143,27 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor
   return y;
 }
 
+// x [M, k] fp32 -> x W^T [M, N] fp32 with each row of x in int8, as one row's matvec computes it
+// (ggml_gemm_int8.h).
+at::Tensor linear_int8(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K]");
+  const Rows w = rows_of(blocks, type, row_ids, x.size(1));
+  at::Tensor y = at::empty({x.size(0), w.n}, at::kFloat);
+  if (x.size(0) > 0 && w.n > 0)
+    ggml_blocks::linear_int8(type, w.base, w.row_bytes, w.ids, w.n, w.k, x.data_ptr<float>(), x.size(0),
+                             y.data_ptr<float>());
+  return y;
+}
+
+// Whether linear_int8 runs on its AVX-512 VNNI GEMM here (else row by row, as matvec).
+bool int8_gemm() {
+#ifdef MSA_GEMM_INT8
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -151,4 +173,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_bf16", &dequantize_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("linear_bf16", &linear_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("bf16_matrix_units", &bf16_matrix_units);
+  m.def("linear_int8", &linear_int8, py::call_guard<py::gil_scoped_release>());
+  m.def("int8_gemm", &int8_gemm);
 }

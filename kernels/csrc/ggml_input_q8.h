@@ -33,6 +33,16 @@ inline void quantize_q8_0(const float* x, int64_t k, InputQ8& out) {
   out.d.resize(static_cast<size_t>(k / 32));
   for (int64_t g = 0; g < k / 32; ++g) {
     const float* xg = x + g * 32;
+#ifdef MSA_GGML_AVX512
+    const __m512 v[2] = {_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)};
+    const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const __m512 scale = _mm512_set1_ps(top != 0.f ? 127.f / top : 0.f);
+    for (int h = 0; h < 2; ++h)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + g * 32 + 16 * h),
+                       _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], scale))));
+    out.d[g] = rounded_to_half(top / 127.f);
+    continue;
+#endif
     float amax = 0.f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xg[i]));
     const float id = amax != 0.f ? 127.f / amax : 0.f;
@@ -40,6 +50,38 @@ inline void quantize_q8_0(const float* x, int64_t k, InputQ8& out) {
     out.d[g] = rounded_to_half(amax / 127.f);
   }
 }
+
+#ifdef MSA_GGML_AVX512
+// One Q8_K block of 256, 16 values a vector: the loop of quantize_q8_K's values exactly (the
+// first value of largest |x|, the same fp32 products, rounded to nearest even by cvtps). False
+// for a block of zeros, left to that loop.
+inline bool quantize_block_q8_K_512(const float* xb, int8_t* qb, int16_t* sums, float& d) {
+  __m512 v[16], top = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) {
+    v[i] = _mm512_loadu_ps(xb + 16 * i);
+    top = _mm512_max_ps(top, _mm512_abs_ps(v[i]));
+  }
+  const float amax = _mm512_reduce_max_ps(top);
+  if (amax == 0.f) return false;
+  float m = 0.f;
+  for (int i = 0; i < 16; ++i) {
+    const __mmask16 at = _mm512_cmp_ps_mask(_mm512_abs_ps(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+    if (at) {
+      m = xb[16 * i + __builtin_ctz(at)];
+      break;
+    }
+  }
+  const float iscale = -127.f / m;
+  for (int i = 0; i < 16; ++i) {
+    const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], _mm512_set1_ps(iscale))),
+                                       _mm512_set1_epi32(127));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * i), _mm512_cvtepi32_epi8(q));
+    sums[i] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+  }
+  d = 1.f / iscale;
+  return true;
+}
+#endif
 
 // x [k] (k a multiple of 256) in blocks of 256, llama.cpp's quantize_row_q8_K_ref.
 inline void quantize_q8_K(const float* x, int64_t k, InputQ8& out) {
@@ -49,6 +91,9 @@ inline void quantize_q8_K(const float* x, int64_t k, InputQ8& out) {
   for (int64_t b = 0; b < k / 256; ++b) {
     const float* xb = x + b * 256;
     int8_t* qb = out.q.data() + b * 256;
+#ifdef MSA_GGML_AVX512
+    if (quantize_block_q8_K_512(xb, qb, out.sums.data() + b * 16, out.d[b])) continue;
+#endif
     float amax = 0.f, m = 0.f;
     for (int i = 0; i < 256; ++i)
       if (std::fabs(xb[i]) > amax) {

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from .output import note
 
+# --verbose's words for how GGUF-block layers multiply prefill's rows (after the weights),
+# formatted with the note on attention
+PREFILL_PRODUCTS = {
+    "bf16": " (prefill on bf16 tiles{})",
+    "int8": " (prefill's products in int8, as decode's{})",
+}
+
 
 def local_model(
     model: str,
@@ -46,7 +53,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     dense_reason = always_dense_reason(loaded.model.model_attention())
     if dense_reason and mode != "dense":
         mode = f"dense ({dense_reason})"
-    bf16 = " and attention" if loaded.model.bf16_attention else ""
+    bf16 = "; attention on bf16" if loaded.model.bf16_attention else ""
     decode = (
         "in one fused CPU step"
         if loaded.model.per_op_reason is None
@@ -54,7 +61,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     )
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
-        f"{f' (prefill on bf16 tiles{bf16})' if loaded.bf16_prefill else ''}, "
+        f"{PREFILL_PRODUCTS.get(loaded.prefill_products, '').format(bf16)}, "
         f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "

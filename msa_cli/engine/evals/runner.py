@@ -112,9 +112,10 @@ def dense_skip(model, length: int, dense_limit: int) -> str | None:
     return None
 
 
-def bf16_prefill(model) -> bool:
-    """Whether `model` (an engine Model) prefills on bf16 tiles (compute dtype auto or bf16)."""
-    return model.loaded.bf16_prefill
+def prefill_products(model) -> str:
+    """How `model` (an engine Model) multiplies prefill's rows: "exact", "bf16" or "int8"
+    (compute dtype auto or bf16: msa.models.ggml_linear.choose_prefill_products)."""
+    return model.loaded.prefill_products
 
 
 def run_sweep(
@@ -138,8 +139,10 @@ def run_sweep(
             if reason:
                 totals.skipped[reason] = totals.skipped.get(reason, 0) + 1
                 continue
-            # msa's answers on bf16 prefill tiles (--dtype auto) are items apart from exact ones
-            tiles = {"prefill": "bf16"} if mode.answer is None and bf16_prefill(model) else {}
+            # msa's answers on bf16 or int8 prefill products (--dtype auto) are items apart from
+            # exact ones
+            products = prefill_products(model)
+            tiles = {"prefill": products} if mode.answer is None and products != "exact" else {}
             rid = item_id(**unit.fields, attention=mode.label, model=model.name, **tiles)
             jobs.append((rid, mode))
         todo.append((unit, jobs))
