@@ -18,11 +18,13 @@ caches. llama.cpp runs twice per length, flash attention off and on (or one of t
 --flash-attn); the ratios compare msa with the faster of those run. msa runs with its default
 attention (dense for the first 1,024 tokens, MSA block selection after) and the weights given by
 --msa: file (the default: each tensor as the GGUF stores it, the blocks llama.cpp computes with,
-under the CLI's default --dtype auto: prefill on bf16 tiles where the CPU has AMX or AVX-512
-BF16, and its attention on bf16 products with AVX-512 BF16), file-fp32-attention (the same with
-prefill's attention in fp32, as before 2026-12-03), file-fp32 (the same with --dtype fp32: exact
-fp32 products), int4, int8, fp32 or bf16. (Results written before 2026-12-02 name the exact
-setting "file" and the bf16 one "file-bf16".)
+under the CLI's default --dtype auto: prefill's products with int8 inputs where the CPU has
+AVX-512 VNNI, else on bf16 tiles where it has AMX or AVX-512 BF16, and its attention on bf16
+products with AVX-512 BF16), file-bf16 (the same under --dtype bf16: prefill on bf16 tiles, the
+default before 2026-12-03 on VNNI CPUs), file-fp32-attention (the same as file with prefill's
+attention in fp32), file-fp32 (the same with --dtype fp32: exact fp32 products), int4, int8,
+fp32 or bf16. (Results written before 2026-12-02 name the exact setting "file" and the bf16 one
+"file-bf16"; results before 2026-12-03 name the bf16 tiles "file".)
 
 llama.cpp comes from llama-cpp-python in a virtual environment of its own (--venv), built with
 --install (it compiles llama.cpp for this CPU: 10 minutes or more, so never in CI):
@@ -86,9 +88,10 @@ def msa_worker(job: dict) -> dict:
     keep_freed_memory()  # as msa's engine sets it at load
     torch.set_num_threads(job["threads"])
     weights = job["weights"]
-    from_file = weights in ("file", "file-fp32", "file-fp32-attention")
+    from_file = weights in ("file", "file-bf16", "file-fp32", "file-fp32-attention")
     quant = None if from_file else {"int8": "int8", "int4": "int4"}.get(weights, "none")
-    dtype = {"bf16": "bf16", "file": "auto", "file-fp32-attention": "auto"}.get(weights, "fp32")
+    dtype = {"bf16": "bf16", "file-bf16": "bf16", "file": "auto", "file-fp32-attention": "auto"}
+    dtype = dtype.get(weights, "fp32")
     loaded = load_model(
         job["gguf"], converted_root=Path(job["converted_root"]), quant=quant, dtype=dtype
     )
@@ -173,8 +176,9 @@ def main() -> None:
         "--msa",
         default="file",
         help="msa weights to run, comma-separated: file (as the GGUF stores them, under the "
-        "CLI's default --dtype auto), file-fp32-attention (the same, attention in fp32), file-fp32 "
-        "(--dtype fp32: exact), int4, int8, fp32, bf16",
+        "CLI's default --dtype auto), file-bf16 (--dtype bf16: prefill on bf16 tiles), "
+        "file-fp32-attention (the same as file, attention in fp32), file-fp32 (--dtype fp32: "
+        "exact), int4, int8, fp32, bf16",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="run msa only")
     parser.add_argument(

@@ -85,7 +85,15 @@ def linear_int8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, row_ids=N
     quantizes one row (`quantize_input`) and multiplied in the same integers: the values of
     `linear` row by row, to the order of fp32 sums. On AVX-512 VNNI a GEMM (`int8_gemm()`),
     elsewhere row by row."""
-    return compiled_extension().linear_int8(x, blocks, ggml_type, row_ids)
+    return linear_int8_parts(x, [(blocks, ggml_type, row_ids)])[0]
+
+
+def linear_int8_parts(x: torch.Tensor, parts: list[tuple[torch.Tensor, int, torch.Tensor]]):
+    """x [M, K] fp32 contiguous -> [x W_i^T for each (blocks, ggml_type, row_ids)]: the values of
+    `linear_int8` of each, with x quantized once a format and the matrices' rows shared by the
+    threads in one parallel region (a layer's q, k and v, or its gate and up)."""
+    blocks, types, ids = zip(*parts)
+    return compiled_extension().linear_int8_parts(x, list(blocks), list(types), list(ids))
 
 
 def int8_gemm() -> bool:

@@ -21,7 +21,7 @@ GEMMA_NORM_OFFSET = 1.0  # Gemma's RMSNorm scales by 1 + weight
 
 def gelu_tanh_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """GeGLU with the tanh approximation of GELU (gelu_pytorch_tanh)."""
-    return F.gelu(gate, approximate="tanh") * up
+    return F.gelu(gate, approximate="tanh").mul_(up)
 
 
 class GemmaAttention(Attention):

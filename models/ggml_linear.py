@@ -82,6 +82,10 @@ class GgmlLinear(nn.Module):
             out = ggml_blocks.linear_int8(flat, self.blocks, self.type_id, self.row_ids)
         else:
             out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids, exact)
+        return self._output(out, x)
+
+    def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The product `out` [M, out] fp32 of input x [..., in] as forward returns it."""
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -92,6 +96,21 @@ class GgmlLinear(nn.Module):
             ids = self.row_ids[ids]
         raw = self.blocks[ids].numpy()
         return torch.from_numpy(dequantize_rows(raw, type_name(self.type_id), self.in_features))
+
+
+def same_input_products(x: torch.Tensor, layers) -> list[torch.Tensor]:
+    """Each layer's product with x (a layer's q, k and v, or its gate and up): where every layer
+    is a GgmlLinear that prefills with int8 inputs and x has more than one row, one call to the
+    kernels (x quantized once a format, one parallel region: `ggml_blocks.linear_int8_parts`);
+    otherwise layer by layer. The same values either way."""
+    rows = x.numel() // x.shape[-1]
+    if rows > 1 and all(isinstance(m, GgmlLinear) and m.prefill == INT8 for m in layers):
+        flat = x.reshape(rows, -1).float().contiguous()
+        outs = ggml_blocks.linear_int8_parts(
+            flat, [(m.blocks, m.type_id, m.row_ids) for m in layers]
+        )
+        return [m._output(out, x) for m, out in zip(layers, outs)]
+    return [m(x) for m in layers]
 
 
 def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:

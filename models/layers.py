@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import InputTooLongError
+from .ggml_linear import same_input_products
 
 
 class RMSNorm(nn.Module):
@@ -43,8 +44,9 @@ def embedding(n_tokens: int, dim: int) -> nn.Embedding:
 
 
 def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU as Llama, Qwen and MiniMax-M2 use it."""
-    return F.silu(gate) * up
+    """SwiGLU as Llama, Qwen and MiniMax-M2 use it (the product into silu's own output: one
+    activation-sized buffer fewer, at prefill's 512 x 14336 a 29 MB one)."""
+    return F.silu(gate).mul_(up)
 
 
 def clamped_swiglu(
@@ -76,7 +78,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_sizes is None:
-            return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+            return self.down_proj(self.glu(*same_input_products(x, (self.gate_proj, self.up_proj))))
         gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
         return self.down_proj(self.glu(gate, up))
 

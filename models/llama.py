@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import attend
@@ -14,10 +13,10 @@ from .attention_settings import AttentionSettings
 from .config import ModelConfig
 from .forward import AttentionObserver, ForwardContext
 from .fused_decode import FusedDecode, layer_spec, projections
-from .ggml_linear import GgmlLinear
+from .ggml_linear import GgmlLinear, same_input_products
 from .head_refine import refine_top
 from .kv_cache import KVCache
-from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding
+from .layers import RMSNorm, RotaryEmbedding, apply_rope, embedding, silu_glu
 from .msa_defaults import MsaDefaults, rule
 from .quantize import Int4Linear, Int8Linear
 from .rope_scaling import rotary_embedding
@@ -63,7 +62,7 @@ class Attention(nn.Module):
             v = qkv[:, n_qk:].view(t, self.n_kv_heads, d).transpose(0, 1)
         else:
             if self.fused_sizes is None:
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+                q, k, v = same_input_products(x, (self.q_proj, self.k_proj, self.v_proj))
             else:
                 q, k, v = self.qkv_proj(x).split(self.fused_sizes, dim=-1)
             q = q.view(t, self.n_heads, d).transpose(0, 1)  # q: [Hq, T, D]
@@ -94,9 +93,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_sizes is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(silu_glu(*same_input_products(x, (self.gate_proj, self.up_proj))))
         gate, up = self.gate_up_proj(x).split(self.fused_sizes, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_glu(gate, up))
 
 
 class Block(nn.Module):

@@ -134,10 +134,9 @@ def computed_digest(
     file_digest: str, quant: str | None, dtype_name: str, *, prefill_copy: str | None = None
 ) -> str:
     """The identity of weights as they compute: the file's digest, unchanged for fp32 floats,
-    else hashed with the quantization and dtype, and how prefill multiplies, if not as decode
-    does: `prefill_copy`, the dtype of the copy int4 layers prefill from and "bf16-tiles" or
-    "int8-products" for GGUF blocks (choose_prefill_products), joined by "+" (the prefix cache
-    keys on it: K/V differ)."""
+    else hashed with the quantization and dtype, and how prefill multiplies: `prefill_copy`, the
+    dtype of the copy int4 layers prefill from, "bf16-tiles" or "int8-products" for GGUF blocks
+    (choose_prefill_products), joined by "+" (the prefix cache keys on it: K/V differ)."""
     if quant is None and dtype_name == "fp32":
         return file_digest
     label = f"{file_digest}:{quant or 'float'}:{dtype_name}" + (

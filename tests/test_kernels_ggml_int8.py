@@ -54,3 +54,17 @@ def test_int8_product_over_row_ids_and_threads(qtype):
         finally:
             torch.set_num_threads(with_threads)
         torch.testing.assert_close(got, exact.float(), atol=tol, rtol=0, msg=f"{threads} threads")
+
+
+def test_int8_products_of_several_matrices_are_each_matrix_product():
+    """A layer's q, k and v in different types as one call (x quantized once a format, the rows
+    of all shared by the threads): the same bits as each matrix's own product."""
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(8))
+    parts = []
+    for i, (qtype, rows) in enumerate([("Q4_K", 70), ("Q6_K", 9), ("Q8_0", 33), ("Q5_0", 16)]):
+        blocks, _ = random_weight(qtype, rows, 512, seed=10 + i)
+        ids = torch.randperm(rows, generator=torch.Generator().manual_seed(i))
+        parts.append((blocks, ggml_blocks.TYPES[qtype], ids if i % 2 else ggml_blocks.NO_ROW_IDS))
+    together = ggml_blocks.linear_int8_parts(x, parts)
+    for (blocks, type_id, ids), got in zip(parts, together):
+        assert torch.equal(got, ggml_blocks.linear_int8(x, blocks, type_id, ids))

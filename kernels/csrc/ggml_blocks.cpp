@@ -143,16 +143,24 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor
   return y;
 }
 
-// x [M, k] fp32 -> x W^T [M, N] fp32 with each row of x in int8, as one row's matvec computes it
-// (ggml_gemm_int8.h).
-at::Tensor linear_int8(at::Tensor x, at::Tensor blocks, int64_t type, at::Tensor row_ids) {
+// x [M, k] fp32 -> each matrix's x W^T [M, N_i] fp32 with each row of x in int8, as one row's
+// matvec computes it (ggml_gemm_int8.h): x quantized once a format, one parallel region.
+std::vector<at::Tensor> linear_int8_parts(at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
+                                          std::vector<at::Tensor> row_ids) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K]");
-  const Rows w = rows_of(blocks, type, row_ids, x.size(1));
-  at::Tensor y = at::empty({x.size(0), w.n}, at::kFloat);
-  if (x.size(0) > 0 && w.n > 0)
-    ggml_blocks::linear_int8(type, w.base, w.row_bytes, w.ids, w.n, w.k, x.data_ptr<float>(), x.size(0),
-                             y.data_ptr<float>());
-  return y;
+  TORCH_CHECK(!blocks.empty() && blocks.size() == types.size() && blocks.size() == row_ids.size(),
+              "one type and one row id list per matrix");
+  std::vector<at::Tensor> ys;
+  std::vector<ggml_blocks::MatvecPart> parts;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Rows w = rows_of(blocks[i], types[i], row_ids[i], x.size(1));
+    ys.push_back(at::empty({x.size(0), w.n}, at::kFloat));
+    if (w.n > 0) parts.push_back({w.type, w.base, w.row_bytes, w.ids, w.n, ys.back().data_ptr<float>()});
+  }
+  if (x.size(0) > 0 && !parts.empty())
+    ggml_blocks::linear_int8_parts(parts.data(), static_cast<int64_t>(parts.size()), x.size(1), x.data_ptr<float>(),
+                                   x.size(0));
+  return ys;
 }
 
 // Whether linear_int8 runs on its AVX-512 VNNI GEMM here (else row by row, as matvec).
@@ -173,6 +181,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_bf16", &dequantize_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("linear_bf16", &linear_bf16, py::call_guard<py::gil_scoped_release>());
   m.def("bf16_matrix_units", &bf16_matrix_units);
-  m.def("linear_int8", &linear_int8, py::call_guard<py::gil_scoped_release>());
+  m.def("linear_int8_parts", &linear_int8_parts, py::call_guard<py::gil_scoped_release>());
   m.def("int8_gemm", &int8_gemm);
 }

@@ -21,6 +21,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
 #include <vector>
 
 #include "ggml_blocks.h"
@@ -52,7 +54,6 @@ inline void quantize_tiles(const float* x, int64_t m, int64_t k, bool q8_k, Inpu
   in.m_pad = (m + kTokens - 1) / kTokens * kTokens;
   in.k = k;
   in.per = q8_k ? 256 : 32;
-  const int64_t tiles = in.m_pad / kTokens;
   in.u.assign(static_cast<size_t>(in.m_pad * k), 128);
   in.d.assign(static_cast<size_t>(in.m_pad * (k / in.per)), 0.f);
   if (q8_k) in.sum_pairs.assign(static_cast<size_t>(in.m_pad * (k / 64)), 0);
@@ -309,11 +310,11 @@ void tile(int64_t type, const InputTiles& in, int64_t t0, const Unpacked& w, int
     tile_small_blocks<T, C>(in, t0, w, c0, from, to, acc);
 }
 
-// T and C: 12 int32 sums and 12 block totals in registers (3 x 4 measured faster than 2 x 4,
-// 2 x 6 and 1 x 8)
+// T and C: 12 int32 sums and 12 block totals in registers (3 x 4 measured the fastest of
+// 1 x 8, 2 x 4, 3 x 4 and 4 x 3)
 constexpr int kTileVectors = 3, kTileRows = 4;
-// Values of x a pass over a run's rows reads: T * 16 rows of them, 16 KB, stay in L1 meanwhile
-// (read from L2 for each tile of C rows, they made the GEMM half as fast, measured)
+// Values of x a pass over a run's rows reads at a time: T * 16 rows of them, 24 KB, stay in L1
+// while the run's tiles of C rows pass over them.
 constexpr int64_t kChunk = 512;
 
 // The run's `rows` unpacked rows times the tokens of tiles t0..t0+T-1, into y [m, n] at columns
@@ -343,31 +344,49 @@ void tiles_of_rows(int64_t type, const InputTiles& in, int64_t t0, const Unpacke
 
 #endif  // MSA_GEMM_INT8
 
-// y [m, n] = x W^T for x fp32 [m, k], W's rows laid out as in dequantize_rows: each row of x
-// quantized as matvec quantizes it. Threads take runs of W's rows (about 256 KB of unpacked
-// weights, which stay in the core's L2 while every row of x passes).
-inline void linear_int8(int64_t type, const uint8_t* base, int64_t row_bytes, const int64_t* row_ids, int64_t n,
-                        int64_t k, const float* x, int64_t m, float* y) {
+// Each part's y [m, n_rows] = x W^T for x fp32 [m, k] and parts laid out as matvec_parts'
+// (their y now [m, n_rows]): each row of x quantized once for every part of its format, as
+// matvec quantizes it. The parts' rows go in runs of about 256 KB of unpacked weights (which
+// stay in the core's L2 while every row of x passes), taken by the threads as they finish: one
+// parallel region for a layer's q, k and v or its gate and up.
+inline void linear_int8_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, const float* x, int64_t m) {
 #ifdef MSA_GEMM_INT8
-  InputTiles in;
-  quantize_tiles(x, m, k, k_quant(type), in);
+  InputTiles q8_k, q8_0;  // the K-quants' input format, and Q5_0's and Q8_0's
+  bool need_k = false, need_0 = false;
+  for (int64_t i = 0; i < n_parts; ++i) (k_quant(parts[i].type) ? need_k : need_0) = true;
+  if (need_k) quantize_tiles(x, m, k, true, q8_k);
+  if (need_0) quantize_tiles(x, m, k, false, q8_0);
   const int64_t run = std::max<int64_t>(kTileRows, (int64_t{1} << 18) / k / kTileRows * kTileRows);
-  const int64_t tiles = in.m_pad / kTokens;
-  at::parallel_for(0, (n + run - 1) / run, 1, [&](int64_t first, int64_t last) {
-    Unpacked w;
-    w.resize(type, run, k);
-    std::vector<float> acc;
-    for (int64_t r = first; r < last; ++r) {
-      const int64_t n0 = r * run, rows = std::min(run, n - n0);
-      for (int64_t i = 0; i < rows; ++i)
-        unpack_row(type, base + (row_ids ? row_ids[n0 + i] : n0 + i) * row_bytes, i, w);
-      int64_t t = 0;
-      for (; t + kTileVectors <= tiles; t += kTileVectors) tiles_of_rows<kTileVectors>(type, in, t, w, rows, acc, y, n, n0);
-      for (; t < tiles; ++t) tiles_of_rows<1>(type, in, t, w, rows, acc, y, n, n0);
-    }
-  });
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (part, first row)
+  for (int64_t i = 0; i < n_parts; ++i)
+    for (int64_t n0 = 0; n0 < parts[i].n_rows; n0 += run) runs.emplace_back(i, n0);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(static_cast<int64_t>(runs.size()), at::get_num_threads()), 1,
+                   [&](int64_t, int64_t) {
+                     Unpacked w;
+                     std::vector<float> acc;
+                     for (int64_t r = next++; r < static_cast<int64_t>(runs.size()); r = next++) {
+                       const MatvecPart& part = parts[runs[r].first];
+                       const InputTiles& in = k_quant(part.type) ? q8_k : q8_0;
+                       const int64_t n0 = runs[r].second, rows = std::min(run, part.n_rows - n0);
+                       w.resize(part.type, run, k);
+                       for (int64_t i = 0; i < rows; ++i) {
+                         const int64_t row = part.row_ids ? part.row_ids[n0 + i] : n0 + i;
+                         unpack_row(part.type, part.base + row * part.row_bytes, i, w);
+                       }
+                       const int64_t tiles = in.m_pad / kTokens;
+                       int64_t t = 0;
+                       for (; t + kTileVectors <= tiles; t += kTileVectors)
+                         tiles_of_rows<kTileVectors>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
+                       for (; t < tiles; ++t) tiles_of_rows<1>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
+                     }
+                   });
 #else
-  for (int64_t i = 0; i < m; ++i) matvec(type, base, row_bytes, row_ids, n, k, x + i * k, y + i * n);
+  for (int64_t i = 0; i < n_parts; ++i)
+    for (int64_t r = 0; r < m; ++r) {
+      const MatvecPart& p = parts[i];
+      matvec(p.type, p.base, p.row_bytes, p.row_ids, p.n_rows, k, x + r * k, p.y + r * p.n_rows);
+    }
 #endif
 }
 
