@@ -6,9 +6,10 @@ quantized to int8 as llama.cpp does (its Q8_0 / Q8_K blocks) times the blocks in
 (`exact` keeps an fp32 input); for more rows, dequantized tiles times an fp32
 GEMM, the exact weights' to fp32 rounding. The faster products of more than one row (prefill)
 are chosen by the loader (`choose_prefill_products`, compute dtype "auto" or "bf16"):
-- "int8" (auto, on AVX-512 VNNI): each row as one row's product computes it, the input in int8
-  (`ggml_blocks.linear_int8`): decode's and llama.cpp's arithmetic, 1.5x the bf16 tiles;
-- "bf16" (auto elsewhere on AMX or AVX-512 BF16, or asked for): bf16 tiles of the weights
+- "int8" (auto, on AVX-512 VNNI without AMX): each row as one row's product computes it, the
+  input in int8 (`ggml_blocks.linear_int8`): decode's and llama.cpp's arithmetic, 1.4-1.7x the
+  bf16 tiles on oneDNN's GEMM;
+- "bf16" (auto on AMX, or elsewhere with AVX-512 BF16, or asked for): bf16 tiles of the weights
   times bf16-rounded inputs, summed in fp32 (`ggml_blocks.linear_bf16`), 2-4x the fp32 GEMM.
 Where the kernels cannot be built, the weights are dequantized by the reference (gguf.quants)
 at each call: slow, fp32.
@@ -116,14 +117,20 @@ def same_input_products(x: torch.Tensor, layers) -> list[torch.Tensor]:
 def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:
     """Set how the GgmlLinear layers of `model`'s blocks multiply many rows (prefill), and return
     it: under compute dtype "auto", INT8 where the int8 GEMM runs here (AVX-512 VNNI:
-    `ggml_blocks.int8_gemm`), else BF16 where this CPU multiplies bf16 fast (AMX, or AVX-512 BF16
-    through oneDNN: `ggml_blocks.bf16_fast`); under "bf16", BF16 where fast; else (and under
+    `ggml_blocks.int8_gemm`) and no bf16 matrix units do (AMX: faster still), else BF16 where
+    this CPU multiplies bf16 fast (AMX, or AVX-512 BF16 through oneDNN: `ggml_blocks.bf16_fast`);
+    under "bf16", BF16 where fast; else (and under
     "fp32") EXACT. The output head stays exact: prefill asks it for one row (the last token's
     logits), and a model whose only such layer is its head (the embedded one) is left EXACT."""
     head = getattr(model, "lm_head", None)
     layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
     chosen = EXACT
-    if layers and dtype_name == "auto" and ggml_blocks.int8_gemm():
+    if (
+        layers
+        and dtype_name == "auto"
+        and ggml_blocks.int8_gemm()
+        and not ggml_blocks.bf16_matrix_units()
+    ):
         chosen = INT8
     elif layers and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_fast():
         chosen = BF16

@@ -313,6 +313,7 @@ void tile(int64_t type, const InputTiles& in, int64_t t0, const Unpacked& w, int
 // T and C: 12 int32 sums and 12 block totals in registers (3 x 4 measured the fastest of
 // 1 x 8, 2 x 4, 3 x 4 and 4 x 3)
 constexpr int kTileVectors = 3, kTileRows = 4;
+static_assert(kTileVectors == 3, "linear_int8_parts takes a last 1 or 2 tiles of tokens on their own");
 // Values of x a pass over a run's rows reads at a time: T * 16 rows of them, 24 KB, stay in L1
 // while the run's tiles of C rows pass over them.
 constexpr int64_t kChunk = 512;
@@ -378,7 +379,8 @@ inline void linear_int8_parts(const MatvecPart* parts, int64_t n_parts, int64_t 
                        int64_t t = 0;
                        for (; t + kTileVectors <= tiles; t += kTileVectors)
                          tiles_of_rows<kTileVectors>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
-                       for (; t < tiles; ++t) tiles_of_rows<1>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
+                       if (tiles - t == 2) tiles_of_rows<2>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
+                       if (tiles - t == 1) tiles_of_rows<1>(part.type, in, t, w, rows, acc, part.y, part.n_rows, n0);
                      }
                    });
 #else
