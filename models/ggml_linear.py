@@ -119,9 +119,9 @@ def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:
     it: under compute dtype "auto", INT8 where the int8 GEMM runs here (AVX-512 VNNI:
     `ggml_blocks.int8_gemm`) and no bf16 matrix units do (AMX: faster still), else BF16 where
     this CPU multiplies bf16 fast (AMX, or AVX-512 BF16 through oneDNN: `ggml_blocks.bf16_fast`);
-    under "bf16", BF16 where fast; else (and under
-    "fp32") EXACT. The output head stays exact: prefill asks it for one row (the last token's
-    logits), and a model whose only such layer is its head (the embedded one) is left EXACT."""
+    under "bf16", BF16 where fast; else, and under "fp32", EXACT. The output head stays exact:
+    prefill asks it for one row (the last token's logits), and a model whose only such layer is
+    its head (the embedded one) is left EXACT."""
     head = getattr(model, "lm_head", None)
     layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
     chosen = EXACT
