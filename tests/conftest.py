@@ -4,9 +4,17 @@ session."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# The repository's top-level kernels/ is msa's own package (installed as msa.kernels); on
+# sys.path, which `python -m pytest` gives the working directory, it shadows Hugging Face's
+# `kernels` package, which transformers 5.25 imports at its first model (an ImportError in
+# every test that builds a transformers reference). msa itself is imported from its install.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 # Two test runs at once on a 2-core machine (CI beside another job) oversubscribe its cores:
 # OpenMP threads that spin while they wait for work then stall each other, minutes at a time on
