@@ -104,6 +104,12 @@ def int8_gemm() -> bool:
     return ext is not None and ext.int8_gemm()
 
 
+def int8_fast() -> bool:
+    """Whether `linear_int8` is prefill's fastest product here: its VNNI GEMM runs, and no bf16
+    matrix units (AMX) outrun it."""
+    return int8_gemm() and not bf16_matrix_units()
+
+
 def dequantize_bf16(
     blocks: torch.Tensor, ggml_type: int, n_cols: int, first: int, last: int, row_ids=NO_ROW_IDS
 ) -> torch.Tensor:

@@ -75,11 +75,12 @@ class GgmlLinear(nn.Module):
 
     def _product(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()  # [M, K]
+        prefill = self.prefill if flat.shape[0] > 1 and not exact else EXACT
         if ggml_blocks.compiled_extension() is None:
             out = F.linear(flat, self.rows(torch.arange(self.out_features)))
-        elif self.prefill == BF16 and flat.shape[0] > 1 and not exact:
+        elif prefill == BF16:
             out = ggml_blocks.linear_bf16(flat, self.blocks, self.type_id, self.row_ids)
-        elif self.prefill == INT8 and flat.shape[0] > 1 and not exact:
+        elif prefill == INT8:
             out = ggml_blocks.linear_int8(flat, self.blocks, self.type_id, self.row_ids)
         else:
             out = ggml_blocks.linear(flat, self.blocks, self.type_id, self.row_ids, exact)
@@ -116,8 +117,8 @@ def same_input_products(x: torch.Tensor, layers) -> list[torch.Tensor]:
 
 def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:
     """Set how the GgmlLinear layers of `model`'s blocks multiply many rows (prefill), and return
-    it: under compute dtype "auto", INT8 where the int8 GEMM runs here (AVX-512 VNNI:
-    `ggml_blocks.int8_gemm`) and no bf16 matrix units do (AMX: faster still), else BF16 where
+    it: under compute dtype "auto", INT8 where the int8 GEMM is the fastest product here
+    (AVX-512 VNNI without AMX: `ggml_blocks.int8_fast`), else BF16 where
     this CPU multiplies bf16 fast (AMX, or AVX-512 BF16 through oneDNN: `ggml_blocks.bf16_fast`);
     under "bf16", BF16 where fast; else, and under "fp32", EXACT. The output head stays exact:
     prefill asks it for one row (the last token's logits), and a model whose only such layer is
@@ -125,12 +126,7 @@ def choose_prefill_products(model: nn.Module, dtype_name: str) -> str:
     head = getattr(model, "lm_head", None)
     layers = [m for m in model.modules() if isinstance(m, GgmlLinear) and m is not head]
     chosen = EXACT
-    if (
-        layers
-        and dtype_name == "auto"
-        and ggml_blocks.int8_gemm()
-        and not ggml_blocks.bf16_matrix_units()
-    ):
+    if layers and dtype_name == "auto" and ggml_blocks.int8_fast():
         chosen = INT8
     elif layers and dtype_name in ("auto", "bf16") and ggml_blocks.bf16_fast():
         chosen = BF16

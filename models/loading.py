@@ -15,7 +15,7 @@ from .checkpoint import Checkpoint, load_state
 from .digests import memo_dir
 from .errors import ModelError
 from .fuse import fuse_projections, fuse_state
-from .ggml_linear import EXACT, choose_prefill_products, swap_ggml_for_state
+from .ggml_linear import BF16, EXACT, INT8, choose_prefill_products, swap_ggml_for_state
 from .gguf_loader import load_gguf
 from .hf_loader import LAYER_NAME, load_hf_dir
 from .llama import Transformer
@@ -190,7 +190,7 @@ def load_model(
     products = choose_prefill_products(model, dtype_name)
     model.bf16_attention = products != EXACT and attention_bf16.serves(model.config.head_dim)
     # the prefix cache keys on the digest: K/V prefilled from other products differ
-    tiles = {EXACT: None, "bf16": "bf16-tiles", "int8": "int8-products"}[products]
+    tiles = {EXACT: None, BF16: "bf16-tiles", INT8: "int8-products"}[products]
     attention = model.bf16_attention and "bf16-attention"
     prefill = "+".join(p for p in (prefill_copies(model), tiles, attention) if p)
     loaded = LoadedModel(

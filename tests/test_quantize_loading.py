@@ -262,7 +262,7 @@ def test_gguf_blocks_prefill_on_fast_products_where_the_cpu_has_them(run, tmp_pa
     args = ["ask", doc, "hello?", "--model", path, "-n", "2", "-v", "--no-cache"]
     result = run(*args, *(["--dtype", dtype] if dtype else []))
     assert result.exit_code == 0, result.output
-    int8 = dtype is None and ggml_blocks.int8_gemm() and not ggml_blocks.bf16_matrix_units()
+    int8 = dtype is None and ggml_blocks.int8_fast()
     tiles = not int8 and dtype in (None, "bf16") and ggml_blocks.bf16_fast()
     assert ("(prefill's products in int8, as decode's" in result.stderr) == int8, result.stderr
     assert ("(prefill on bf16 tiles" in result.stderr) == tiles, result.stderr

@@ -90,7 +90,7 @@ def test_int8_prefill_stays_as_close_to_exact_fp32_as_decode(path, tmp_path):
     Measured over the sample: mean KL 8.6e-4 (largest 1.3e-2), top-1 98.7%; int8 inputs with
     their scales per 256, emulated in fp32 (benchmarks/int8_inputs.py), 8.8e-4: the kernel adds
     nothing of its own."""
-    if not ggml_blocks.int8_gemm() or ggml_blocks.bf16_matrix_units():
+    if not ggml_blocks.int8_fast():
         pytest.skip("auto prefills in int8 only with AVX-512 VNNI and no AMX")
     _, _, exact = prefill_logits(path, "fp32", tmp_path)
     int8_model, _, int8 = prefill_logits(path, "auto", tmp_path)

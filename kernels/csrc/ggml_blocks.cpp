@@ -14,6 +14,9 @@ struct Rows {
   const uint8_t* base;
   int64_t row_bytes, n, k, type;
   const int64_t* ids;
+
+  // These rows as a part of a matvec or of linear_int8_parts, writing to y.
+  ggml_blocks::MatvecPart part(float* y) const { return {type, base, row_bytes, ids, n, y}; }
 };
 
 Rows rows_of(const at::Tensor& blocks, int64_t type, const at::Tensor& row_ids, int64_t k) {
@@ -61,7 +64,7 @@ at::Tensor matvec_parts(at::Tensor x, std::vector<at::Tensor> blocks, std::vecto
   std::vector<ggml_blocks::MatvecPart> parts;
   float* out = y.data_ptr<float>();
   for (const Rows& w : matrices) {
-    parts.push_back({w.type, w.base, w.row_bytes, w.ids, w.n, out});
+    parts.push_back(w.part(out));
     out += w.n;
   }
   ggml_blocks::matvec_parts(parts.data(), static_cast<int64_t>(parts.size()), x.size(0), x.data_ptr<float>());
@@ -155,7 +158,7 @@ std::vector<at::Tensor> linear_int8_parts(at::Tensor x, std::vector<at::Tensor> 
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Rows w = rows_of(blocks[i], types[i], row_ids[i], x.size(1));
     ys.push_back(at::empty({x.size(0), w.n}, at::kFloat));
-    if (w.n > 0) parts.push_back({w.type, w.base, w.row_bytes, w.ids, w.n, ys.back().data_ptr<float>()});
+    if (w.n > 0) parts.push_back(w.part(ys.back().data_ptr<float>()));
   }
   if (x.size(0) > 0 && !parts.empty())
     ggml_blocks::linear_int8_parts(parts.data(), static_cast<int64_t>(parts.size()), x.size(1), x.data_ptr<float>(),

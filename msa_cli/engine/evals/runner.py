@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msa.models.attention_settings import DEFAULT_KV_DTYPE, AttentionSettings
+from msa.models.ggml_linear import EXACT
 
 from ..generate import kv_storage_dir
 from ..prefix_cache import CacheOptions, budget_from_env, prefix_dir
@@ -142,7 +143,7 @@ def run_sweep(
             # msa's answers on bf16 or int8 prefill products (--dtype auto) are items apart from
             # exact ones
             products = prefill_products(model)
-            tiles = {"prefill": products} if mode.answer is None and products != "exact" else {}
+            tiles = {"prefill": products} if mode.answer is None and products != EXACT else {}
             rid = item_id(**unit.fields, attention=mode.label, model=model.name, **tiles)
             jobs.append((rid, mode))
         todo.append((unit, jobs))
