@@ -31,6 +31,11 @@ llama.cpp comes from llama-cpp-python in a virtual environment of its own (--ven
 
     python benchmarks/compare_llamacpp.py --install
     python benchmarks/compare_llamacpp.py --threads 2 --lengths 512,2k --json compare.json
+
+On a 2-core Intel Xeon with AMX (2026-12-03), the native build's AMX kernels crashed in the
+first prefill (SIGSEGV in ggml_backend_amx_mul_mat, version 0.3.36); `--install --no-amx`
+builds for the instruction sets this CPU has, AMX left out, into --venv, and a run whose
+llama.cpp crashed on such a CPU says so.
 """
 
 from __future__ import annotations
@@ -39,10 +44,13 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from msa.kernels.cpu_features import cpu_flags
 
 LLAMA_CPP_VERSION = "0.3.36"
 DEFAULT_VENV = (
@@ -119,16 +127,47 @@ def msa_worker(job: dict) -> dict:
     }
 
 
-def install(venv: Path) -> None:
+# llama.cpp's CMake options for the x86 instruction sets, by the /proc/cpuinfo flag that names each
+GGML_OPTIONS = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+    "avx_vnni": "GGML_AVX_VNNI",
+}
+
+
+def cmake_args(no_amx: bool) -> str:
+    """llama.cpp's build options: for this CPU (native), or, `no_amx`, for the instruction sets
+    it has with AMX left out."""
+    if not no_amx:
+        return "-DGGML_NATIVE=ON"
+    have = cpu_flags()
+    options = [f"-D{name}={'ON' if flag in have else 'OFF'}" for flag, name in GGML_OPTIONS.items()]
+    amx = [f"-DGGML_AMX_{kind}=OFF" for kind in ("TILE", "INT8", "BF16")]
+    return " ".join(["-DGGML_NATIVE=OFF", *options, *amx])
+
+
+def install(venv: Path, no_amx: bool = False) -> None:
     print(
-        f"creating {venv} and building llama-cpp-python {LLAMA_CPP_VERSION} for this CPU "
-        f"(10 minutes or more)",
+        f"creating {venv} and building llama-cpp-python {LLAMA_CPP_VERSION} for this CPU"
+        f"{' without AMX' if no_amx else ''} (10 minutes or more)",
         flush=True,
     )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", cmake_args(no_amx))}
+    subprocess.run(  # no cached wheel: one built with other options would be taken as it is
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "--no-cache-dir",
+            "--force-reinstall",
+            f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+        ],
         check=True,
         env=env,
     )
@@ -142,6 +181,16 @@ def parse_lengths(spec: str) -> list[int]:
     return out
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ("" where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return next(names, "")
+
+
 def run_child(command: list[str], job: dict, timeout: float) -> dict:
     try:
         done = subprocess.run(
@@ -149,6 +198,8 @@ def run_child(command: list[str], job: dict, timeout: float) -> dict:
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode == -signal.SIGSEGV and "amx_int8" in cpu_flags():
+        return {"error": "crashed (SIGSEGV) on a CPU with AMX: see --no-amx"}
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -162,6 +213,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--install", action="store_true", help="build llama-cpp-python into --venv first"
+    )
+    parser.add_argument(
+        "--no-amx", action="store_true", help="with --install: leave llama.cpp's AMX kernels out"
     )
     parser.add_argument(
         "--venv", type=Path, default=DEFAULT_VENV, help=f"its virtual environment [{DEFAULT_VENV}]"
@@ -200,7 +254,7 @@ def main() -> None:
         print(json.dumps(msa_worker(json.loads(sys.stdin.read()))))
         return
     if args.install:
-        install(args.venv)
+        install(args.venv, args.no_amx)
     python = args.venv / "bin" / "python"
     if not args.no_llamacpp and not python.exists():
         raise SystemExit(
@@ -289,6 +343,7 @@ def main() -> None:
                     "threads": args.threads,
                     "decode_tokens": args.decode,
                     "machine": platform.machine(),
+                    "cpu": cpu_name(),
                     "rows": rows,
                     "ratios": ratios,
                 },

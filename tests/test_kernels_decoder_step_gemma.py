@@ -148,11 +148,16 @@ def test_gemma2_layers_and_fp16_kv_match_reference(extension, case):
     assert fused_kv[0][0].dtype == torch.float16
     # the token's K/V rounded to fp16 by both: equal but where fp32 rounding puts a value on
     # either side of a rounding boundary
-    assert_close(actual, expected, **TOL, what=f"hidden state, {case}, fp16 K/V")
+    flipped = False
     for got, want in zip(fused_kv, reference_kv):
         for layer in range(N_LAYERS):
             step = want[layer].float().abs() * 2.0**-10 + 1e-30
             assert torch.all((got[layer].float() - want[layer].float()).abs() <= step)
+            flipped |= not torch.equal(got[layer], want[layer])
+    # where one did, the layers that read it differ by about one fp16 step (2^-11 relative) of
+    # that value's share; else by fp32 rounding alone
+    tol = dict(atol=2.0**-11, rtol=2.0**-11) if flipped else TOL
+    assert_close(actual, expected, **tol, what=f"hidden state, {case}, fp16 K/V")
 
 
 @pytest.mark.parametrize("case", ["dense", "msa"])

@@ -106,6 +106,20 @@ def test_bf16_product_is_the_rounded_product(qtype, rows, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q8_0"])
+def test_bf16_product_of_rows_not_a_multiple_of_256(qtype, path):
+    """864 inputs: 27 blocks of 32, packed 256 values at a time and then 96 (48 VNNI pairs, three
+    steps of 16); 40 outputs: two groups of 16 columns packed together and 8 one by one."""
+    blocks, w = random_weight(qtype, 40, 864, seed=11)
+    x = torch.randn(19, 864, generator=torch.Generator().manual_seed(12))
+    exact, tol = rounded_product(x, w)
+    with torch.backends.mkldnn.flags(enabled=path[0]):
+        got = ggml_blocks.linear_bf16(x, blocks, ggml_blocks.TYPES[qtype])
+    rtol = 0 if path[1] else BF16_OUTPUT
+    assert_close(got, exact.float(), atol=tol, rtol=rtol, what=qtype)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_bf16_product_follows_row_ids_and_wide_rows(path):
     onednn, matrix_units = path
     # 4864 inputs (Qwen2.5-0.5B's FFN width): one block of 64 outputs a group; 1000 outputs:
