@@ -71,13 +71,34 @@ GGML_INLINE void store16(__m128i q, float scale, float min, float* y) {
   _mm256_storeu_ps(y, _mm256_fmadd_ps(a, s, m));
   _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(c, s, m));
 }
-GGML_INLINE void store32(__m256i q, float scale_low, float scale_high, float min, float* y) {
+#ifdef MSA_GGML_AVX512
+// 16 fp32 values rounded to bf16 (their bits), to nearest with ties to even; a NaN stays a
+// (quiet) NaN: as PyTorch's .to(torch.bfloat16).
+GGML_INLINE __m256i bf16_bits16(__m512 x) {
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// Each 16 values as store16 computes them in fp32, then rounded to bf16 (prefill's bf16 tiles).
+GGML_INLINE void store16(__m128i q, float scale, float min, uint16_t* y) {
+  const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y),
+                      bf16_bits16(_mm512_fmadd_ps(a, _mm512_set1_ps(scale), _mm512_set1_ps(min))));
+}
+#endif
+
+template <typename Out>
+GGML_INLINE void store32(__m256i q, float scale_low, float scale_high, float min, Out* y) {
   store16(_mm256_castsi256_si128(q), scale_low, min, y);
   store16(_mm256_extracti128_si256(q, 1), scale_high, min, y + 16);
 }
 
-template <int64_t type>
-void dequantize_block_of(const uint8_t* b, float* y) {
+// A block's values: fp32 (Out float), or, with AVX-512, those values rounded to bf16 (uint16_t).
+template <int64_t type, typename Out>
+void dequantize_block_of(const uint8_t* b, Out* y) {
   if constexpr (type == Q4_K) {
     const __m128i bytes = q4k_scales_mins(b);
     alignas(32) float sc[8], mn[8];
@@ -108,7 +129,8 @@ void dequantize_block_of(const uint8_t* b, float* y) {
   }
 }
 
-inline void dequantize_block(int64_t type, const uint8_t* b, float* y) {
+template <typename Out>
+void dequantize_block(int64_t type, const uint8_t* b, Out* y) {
   switch (type) {
     case Q4_K: return dequantize_block_of<Q4_K>(b, y);
     case Q6_K: return dequantize_block_of<Q6_K>(b, y);

@@ -13,7 +13,11 @@
 
 #include "ggml_blocks.h"
 
-#ifdef MSA_GGML_AVX512
+// the targets of ggml_blocks.h's kernels, whose block unpacking these inline
+#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#elif defined(MSA_GGML_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 #endif
@@ -28,26 +32,19 @@ inline uint16_t bf16_bits(float v) {
   return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-// v [n] rounded as bf16_bits does, 16 at a time with AVX-512 (the same bits).
+// v [n] rounded as bf16_bits does (where the build has no AVX-512: with it, dequantize_block
+// rounds in registers).
 inline void round_to_bf16(const float* v, int64_t n, uint16_t* out) {
-  int64_t i = 0;
-#ifdef MSA_GGML_AVX512
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), nan = _mm512_set1_epi32(0x7fc0);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(v + i);
-    const __m512i b = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(bias, odd)), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
-  }
-#endif
-  for (; i < n; ++i) out[i] = bf16_bits(v[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(v[i]);
 }
 
-// One row of k weights (its blocks at `row`) as bf16 bits: out [k].
+// One row of k weights (its blocks at `row`) as bf16 bits: out [k]. With AVX-512 each block's
+// fp32 values are rounded in registers (dequantize_block to bf16: the same bits).
 inline void dequantize_row_bf16(int64_t type, const uint8_t* row, int64_t k, uint16_t* out) {
   const int64_t nv = block_values(type), bb = block_bytes(type), n_blocks = k / nv;
+#ifdef MSA_GGML_AVX512
+  for (int64_t blk = 0; blk < n_blocks; ++blk) dequantize_block(type, row + blk * bb, out + blk * nv);
+#else
   const int64_t per = 256 / nv;  // blocks a batch: 256 values rounded at once
   alignas(64) float values[256];
   for (int64_t blk = 0; blk < n_blocks; blk += per) {
@@ -55,6 +52,7 @@ inline void dequantize_row_bf16(int64_t type, const uint8_t* row, int64_t k, uin
     for (int64_t i = 0; i < count; ++i) dequantize_block(type, row + (blk + i) * bb, values + i * nv);
     round_to_bf16(values, count * nv, out + blk * nv);
   }
+#endif
 }
 
 // bf16 values of `n_rows` rows laid out as in dequantize_rows: out [n_rows, k].
@@ -109,16 +107,14 @@ inline void pack_rows_bf16(int64_t type, const uint8_t* base, int64_t row_bytes,
   int64_t c0 = 0;
 #ifdef MSA_GGML_AVX512
   const int64_t nv = block_values(type), bb = block_bytes(type);
-  alignas(64) float values[256];
   alignas(64) uint16_t tile[16 * 256];  // 16 rows of 256 values: 128 words a row
   const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
   for (; c0 + 16 <= cols; c0 += 16)
     for (int64_t kb = 0; kb < k; kb += 256) {
       const int64_t n = std::min<int64_t>(256, k - kb);  // a multiple of 32: whole 16-word steps
-      for (int64_t i = 0; i < 16; ++i) {
-        for (int64_t v = 0; v < n; v += nv) dequantize_block(type, row(c0 + i) + (kb + v) / nv * bb, values + v);
-        round_to_bf16(values, n, tile + i * 256);
-      }
+      for (int64_t i = 0; i < 16; ++i)  // each value as dequantize_block's, rounded (same bits)
+        for (int64_t v = 0; v < n; v += nv)
+          dequantize_block(type, row(c0 + i) + (kb + v) / nv * bb, tile + i * 256 + v);
       for (int64_t p0 = 0; p0 < n / 2; p0 += 16) {
         __m512i r[16];
         for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(words + i * 128 + p0);
