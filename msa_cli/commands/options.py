@@ -150,8 +150,8 @@ DtypeOption = typer.Option(
     "prefill with their inputs in int8 where the CPU has AVX-512 VNNI and no AMX, as decode and "
     "llama.cpp compute, else on bf16 tiles where it has AMX or AVX-512 BF16; prefill's attention "
     "on bf16 products with AVX-512 BF16), fp32 (exact fp32 products everywhere), or bf16 "
-    "(prefill on bf16 tiles: 1.5x slower than int8 inputs, ten times closer to exact fp32 than "
-    "llama.cpp; fast only on CPUs with bf16 units).",
+    "(prefill on bf16 tiles, ten times closer to exact fp32 than llama.cpp: 1.5x slower than "
+    "int8 inputs without AMX, as fast with it; fast only on CPUs with bf16 units).",
 )
 HiddenOption = typer.Option(
     False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
