@@ -50,7 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-from msa.kernels.cpu_features import cpu_flags
+from msa.kernels.cpu_features import cpu_flags, cpu_name
 
 LLAMA_CPP_VERSION = "0.3.36"
 DEFAULT_VENV = (
@@ -179,16 +179,6 @@ def parse_lengths(spec: str) -> list[int]:
         part = part.strip().lower()
         out.append(int(float(part[:-1]) * 1024) if part.endswith("k") else int(part))
     return out
-
-
-def cpu_name() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it ("" where there is none)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    return next(names, "")
 
 
 def run_child(command: list[str], job: dict, timeout: float) -> dict:
