@@ -41,16 +41,31 @@ def _prefilled(model, settings, n_tokens, seed=0):
     return cache
 
 
-def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: cache):
-    """Logits of the same teacher-forced tokens, fused and per-op, each from its own cache."""
+def _decode_both(model, settings, n_prompt, n_steps, *, prepare=lambda cache: cache, same_kv=False):
+    """Logits of the same teacher-forced tokens, fused and per-op, each from its own cache.
+    `same_kv`: each step starts from the same K/V in both (the per-op step's copied into the
+    fused cache after each step); the fused cache ends holding what its own steps wrote."""
     fused_cache, per_op_cache = (prepare(_prefilled(model, settings, n_prompt)) for _ in range(2))
     tokens = torch.randint(
         0, model.config.vocab_size, (n_steps,), generator=torch.Generator().manual_seed(1)
     )
+    stores = [
+        (mine, theirs)
+        for name in ("k", "v", "k_scale", "v_scale")  # int8 K/V's scales too; else empty
+        for mine, theirs in zip(getattr(fused_cache, name), getattr(per_op_cache, name))
+    ]
+    written = [mine.clone() for mine, _ in stores] if same_kv else []
     fused, per_op = [], []
     for t in tokens:
+        pos = fused_cache.length
         fused.append(model(t[None], fused_cache))
         per_op.append(model(t[None], per_op_cache, fused=False))
+        for (mine, theirs), kept in zip(stores, written):
+            kept[:, pos] = mine[:, pos]
+            mine[:, pos] = theirs[:, pos]
+    end = n_prompt + n_steps
+    for (mine, _), kept in zip(stores, written):
+        mine[:, n_prompt:end] = kept[:, n_prompt:end]
     return torch.stack(fused), torch.stack(per_op), fused_cache, per_op_cache
 
 

@@ -143,26 +143,7 @@ def test_fp16_and_int8_kv(model, settings, kv_dtype, monkeypatch):
     largest); over independent caches such moves compound step after step."""
     runs = count_kernel_steps(monkeypatch)
     chosen = AttentionSettings(mode=settings, topk=2, kv_dtype=kv_dtype)
-    fused_cache, per_op_cache = (_prefilled(model, chosen, 150) for _ in range(2))
-    tokens = torch.randint(
-        0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(1)
-    )
-    stores = [
-        (mine, theirs)
-        for name in ("k", "v", "k_scale", "v_scale")  # int8 K/V's scales too; else empty
-        for mine, theirs in zip(getattr(fused_cache, name), getattr(per_op_cache, name))
-    ]
-    written = [mine.clone() for mine, _ in stores]  # what the fused steps stored
-    fused, per_op = [], []
-    for t in tokens:
-        pos = fused_cache.length
-        fused.append(model(t[None], fused_cache))
-        per_op.append(model(t[None], per_op_cache, fused=False))
-        for (mine, theirs), kept in zip(stores, written):  # the same K/V for the next step
-            kept[:, pos] = mine[:, pos]
-            mine[:, pos] = theirs[:, pos]
-    for (mine, _), kept in zip(stores, written):
-        mine[:, 150:170] = kept[:, 150:170]
+    fused, per_op, fused_cache, per_op_cache = _decode_both(model, chosen, 150, 20, same_kv=True)
     assert_stored_kv_agree(
         fused_cache,
         per_op_cache,
@@ -176,7 +157,6 @@ def test_fp16_and_int8_kv(model, settings, kv_dtype, monkeypatch):
     assert runs == list(range(150, 170))
     if kv_dtype != "int8":
         assert fused_cache.k[0].dtype == torch.float16
-    fused, per_op = torch.stack(fused), torch.stack(per_op)
     assert_close(fused, per_op, atol=1e-2 * float(per_op.abs().max()), what="logits")
 
 
