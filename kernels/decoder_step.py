@@ -153,14 +153,19 @@ class DecoderStep:
         absent: torch.Tensor | None = None,
         load_blocks=None,
         scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
-        question_blocks: list[list[int]] | None = None,
+        answer_blocks: list[list[int]] | None = None,
+        follow_blocks=None,
+        follow_weight: float | None = None,
     ) -> torch.Tensor:
         """x [hidden] fp32 -> the last layer's output (x itself, updated in place). cos, sin:
         the angles of `pos`, [D] for every layer, or [2, D]: row 0 the global layers', row 1
         the windowed layers' (Gemma 3's local RoPE base). `scales`: int8 K/V's scale stores of
-        keys and of values, one per layer (empty: not int8). `question_blocks`: per layer, the
-        blocks the question read (ascending), which an MSA layer reads besides its own choice
-        where they lie before its local window (msa.models' msa_decode.with_question_blocks).
+        keys and of values, one per layer (empty: not int8). `answer_blocks`: per layer, the
+        blocks an MSA layer reads besides its own choice where they lie before its local window
+        (ascending; msa.models' msa_decode.with_answer_blocks). `follow_blocks(layer,
+        block_ids)` is told, for each MSA layer where a query head's attention peaked on the last
+        token of a far block with at least `follow_weight` of it, the blocks after those
+        (msa_decode.blocks_after_peaks).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -171,7 +176,7 @@ class DecoderStep:
         windows, softcap = settings.window_list(len(keys)), settings.softcap or 0.0
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
-            stopped, missing, shared = self._stack.step(
+            stopped, missing, shared, followed = self._stack.step(
                 x,
                 keys,
                 values,
@@ -184,10 +189,15 @@ class DecoderStep:
                 args,
                 windows,
                 softcap,
+                2.0 if follow_blocks is None else follow_weight,  # 2: no weight is so high
                 first,
                 shared,
-                question_blocks or [],
+                answer_blocks or [],
             )
+            if follow_blocks is not None:
+                for layer, blocks in enumerate(followed):
+                    if blocks:
+                        follow_blocks(layer, blocks)
             if stopped < 0:
                 return x
             if load_blocks is None:

@@ -74,7 +74,9 @@ def decoder_step_reference(
     settings: StepSettings = StepSettings(),
     summaries=None,
     inv_freq=None,
-    question_blocks=None,
+    answer_blocks=None,
+    followed: list | None = None,
+    follow_weight: float | None = None,
 ) -> torch.Tensor:
     """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified),
     rounded to the stores' dtype (fp32, fp16 or bf16), which attention reads back in fp32.
@@ -87,8 +89,13 @@ def decoder_step_reference(
     `act` (SILU, or GELU_TANH: GeGLU). cos, sin: [D], or [2, D] whose second row rotates the
     layers with a window (`settings.windows`), which attend densely to (pos - window, pos].
     Logits are soft-capped where `settings.softcap` says. An MSA step (pos >=
-    settings.sparse_from) needs `summaries` and `inv_freq` [D/2]; `question_blocks`, per layer,
-    are blocks it reads besides its own choice where they lie before its local window."""
+    settings.sparse_from) needs `summaries` and `inv_freq` [D/2]; `answer_blocks`, per layer,
+    are blocks it reads besides its own choice where they lie before its local window.
+    `followed`, where given, gets per layer the blocks after the far blocks on whose last token a
+    query head's attention peaks (the first peak) with at least `follow_weight` of it ([] where
+    the layer read no far block)."""
+    if followed is not None and follow_weight is None:
+        raise ValueError("followed needs a follow_weight")
     x = x.clone()
     d = cos.shape[-1]
     cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
@@ -122,8 +129,8 @@ def decoder_step_reference(
                 # one set for every KV head, taken from the heads' choices in turn, in every
                 # layer that selects; the selection layer's is read by the layers after it
                 joined = _share(_msa_choice(q0, summaries[layer], pos, settings), settings)
-                if question_blocks:
-                    joined = _with_question(joined, question_blocks[layer], pos, settings)
+                if answer_blocks:
+                    joined = _with_answer(joined, answer_blocks[layer], pos, settings)
                 chosen = [joined] * n_kv_heads
                 if layer == settings.selection_layer:
                     shared = joined
@@ -135,13 +142,23 @@ def decoder_step_reference(
                 keys_of.append(tokens)
                 k_read.append(moved)
         group = n_heads // n_kv_heads
+        weights = [
+            torch.softmax(_capped(k_read[hd // group] @ q[hd] * d**-0.5, settings), dim=0)
+            for hd in range(n_heads)
+        ]
         attn = torch.stack(
             [
-                torch.softmax(_capped(k_read[hd // group] @ q[hd] * d**-0.5, settings), dim=0)
-                @ v_store[hd // group, keys_of[hd // group]].float()
+                weights[hd] @ v_store[hd // group, keys_of[hd // group]].float()
                 for hd in range(n_heads)
             ]
         )  # [Hq, D]
+        if followed is not None:
+            far = [[] for _ in range(n_kv_heads)]
+            if window is None and pos >= settings.sparse_from:
+                far = [blocks[:n_far] for blocks, n_far, *_ in chosen]
+            followed.append(
+                _after_peaks(weights, keys_of, far, group, settings.block_size, follow_weight)
+            )
         x = x + _out_norm(linear_reference(spec["o"], attn.reshape(-1)), spec, "attn", eps)
         h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
         gate, up = group_reference(spec, "gate_up", ("gate", "up"), h).chunk(2)
@@ -205,13 +222,24 @@ def _share(chosen, s: StepSettings):
     return blocks[:sink_end] + sorted(taken) + blocks[n_far:], n_far, None
 
 
-def _with_question(chosen, question, pos: int, s: StepSettings):
-    """(blocks, n_far, None) with the question's blocks before the local window that it lacks
+def _with_answer(chosen, answer, pos: int, s: StepSettings):
+    """(blocks, n_far, None) with the answer's blocks before the local window that it lacks
     among its far blocks."""
     blocks, n_far, _ = chosen
     window_first = pos // s.block_size - s.local_blocks + 1
-    far = sorted(set(blocks[:n_far]) | {b for b in question if b < window_first})
+    far = sorted(set(blocks[:n_far]) | {b for b in answer if b < window_first})
     return far + blocks[n_far:], len(far), None
+
+
+def _after_peaks(weights, keys_of, far, group: int, b: int, least: float) -> list[int]:
+    """The blocks after the far blocks (per KV head) that hold a query head's first largest
+    weight at their last token, where it is at least `least`, ascending."""
+    out = set()
+    for hd, row in enumerate(weights):
+        token = int(keys_of[hd // group][int(row.argmax())])
+        if row.max() >= least and token % b == b - 1 and token // b in far[hd // group]:
+            out.add(token // b + 1)
+    return sorted(out)
 
 
 def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):

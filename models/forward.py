@@ -66,7 +66,7 @@ class ForwardContext:
         several tokens forgets what the cache kept of a question's blocks (msa.py keeps them
         again where its chunk is a question's)."""
         if count > 1:  # a prefill chunk: what a question read is the last such chunk's
-            cache.forget_question_blocks()
+            cache.answer.forget()
         cos, sin = rope.cos_sin_range(start, count)
         ctx = cls(cache, cache.plan, rope, start, count, cos, sin, question_from, observer)
         ctx.bf16_attention = bf16_attention and count > 1

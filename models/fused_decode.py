@@ -30,6 +30,7 @@ from msa.kernels import decoder_step as kernel
 from .attention_plan import AttentionPlan
 from .ggml_linear import GgmlLinear
 from .kv_cache import KVCache
+from .msa_decode import FOLLOW_PEAK_WEIGHT
 from .quantize import Int4Linear, Int8Linear
 from .window_attention import window_start
 
@@ -194,7 +195,9 @@ class FusedDecode:
                 absent=cache.absent_blocks,
                 load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
                 scales=scales,
-                question_blocks=[cache.question_blocks(layer) for layer in range(cache.n_layers)],
+                answer_blocks=[cache.answer.blocks(layer) for layer in range(cache.n_layers)],
+                follow_blocks=lambda layer, ids: cache.answer.follow(layer, ids, plan.topk),
+                follow_weight=FOLLOW_PEAK_WEIGHT,
             )
         cache.advance(1)
         return x

@@ -5,8 +5,8 @@ no state between calls, and nobody sets anything on the cache from outside. Its 
 `write` (each layer writes the new tokens' keys and values at `length` and reads back
 everything up to them; `forward` then `advance`s `length` once), `fetch` and `block` (read),
 `truncate` (forget a tail), `export_block` / `import_block` (its state for the prefix cache),
-`nbytes`; and what the question read (`keep_question_blocks`, `question_blocks`), which the
-answer's decode steps read again. Keys are stored after RoPE, at their true positions.
+`nbytes`; and what the answer's decode steps read besides their own choice (`answer`,
+answer_blocks.py). Keys are stored after RoPE, at their true positions.
 
 Storage per layer is `[Hkv, capacity, D]` with `capacity` a multiple of `block_size`, so
 block `b` is the token range `[b*B, (b+1)*B)`: the unit that sparse attention selects, the
@@ -46,6 +46,7 @@ import torch
 
 from msa.kernels import block_summaries
 
+from .answer_blocks import AnswerBlocks
 from .attention_plan import AttentionPlan, ModelAttention, with_defaults
 from .attention_settings import AttentionSettings
 from .disk_space import allocate, check_free_space
@@ -100,7 +101,7 @@ class KVCache(RestoredBlocks):
         self.n_summarized = [0] * n_layers
         self._restored: dict[int, dict[str, torch.Tensor]] = {}  # block index -> its tensors
         self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: not copied in
-        self._question_blocks: dict[int, list[int]] = {}  # layer -> blocks, ascending
+        self.answer = AnswerBlocks()
 
     def _new_store(self, capacity: int, *, scales: bool = False) -> torch.Tensor:
         """Zeroed [Hkv, capacity, D] storage (fp32 [Hkv, capacity] for `scales`), in memory or in
@@ -239,19 +240,6 @@ class KVCache(RestoredBlocks):
     def advance(self, n: int) -> None:
         self.length += n
 
-    def keep_question_blocks(self, layer: int, blocks: list[int]) -> None:
-        """Record the blocks the question's last query block read in `layer` (msa.py); the
-        answer's decode steps read them besides their own. Every forward of several tokens
-        starts by forgetting the record (`ForwardContext.open`): it is the last chunk's."""
-        self._question_blocks[layer] = sorted(blocks)
-
-    def question_blocks(self, layer: int) -> list[int]:
-        """The blocks recorded for `layer` (empty: none; the last prefill was not a question)."""
-        return self._question_blocks.get(layer, [])
-
-    def forget_question_blocks(self) -> None:
-        self._question_blocks = {}
-
     def truncate(self, n: int) -> None:
         """Forget every token from position `n` on (for example, a chat's turns after its
         documents)."""
@@ -264,7 +252,7 @@ class KVCache(RestoredBlocks):
         for index in [i for i in self._restored if i >= cut]:
             del self._restored[index]
         self._absent[:, cut:] = False
-        self.forget_question_blocks()
+        self.answer.forget()
         self.length = n
         self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
 

@@ -106,7 +106,7 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
 
     idx = ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
     # the chunk's last query block: where a question ends, the answer begins
-    cache.keep_question_blocks(layer, _kept_for_the_answer(idx[0, -1], q, q_start, ctx, layer))
+    cache.answer.keep_question(layer, _kept_for_the_answer(idx[0, -1], q, q_start, ctx, layer))
     return idx
 
 

@@ -17,8 +17,11 @@ Blocks are scored by content (keys and query rotated back to position 0, msa.py)
 head of a layer reads one set of blocks, as many as one head selects, taken from the heads'
 choices in turn (`ForwardContext.select_shared`); with `settings.selection_layer`, the layers
 after it skip selection altogether and read that layer's set (kept in the forward's context for
-the step). The far blocks the question's last query block read (`KVCache.question_blocks`) are
-read besides, so that the whole answer keeps what the question found.
+the step). The answer's blocks (`KVCache.answer`, answer_blocks.py) are read besides: the far
+blocks the question's last query block read, so that the whole answer keeps what the question
+found, and the blocks the answer followed on to: where a query head's attention peaks on the
+last token of a far block, the step is copying from where that block ends, and the steps after
+it read the next block too (`blocks_after_peaks`).
 tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
 """
 
@@ -29,6 +32,11 @@ import torch
 from msa.kernels.selection import select_blocks
 
 from .forward import ForwardContext
+
+# A query head holding at least this share of its attention on one token is copying it
+# (`blocks_after_peaks`); at a half or more the peak is that token's alone, not a near tie
+# between two that float rounding would decide.
+FOLLOW_PEAK_WEIGHT = 0.5
 
 
 def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
@@ -44,8 +52,8 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
         layer,
         (q_start, 1),
         lambda: _choose(q, cache, layer, q_start, plan),
-        lambda chosen: with_question_blocks(
-            _shared_by_heads(*chosen), cache.question_blocks(layer), q_start, plan
+        lambda chosen: with_answer_blocks(
+            _shared_by_heads(*chosen), cache.answer.blocks(layer), q_start, plan
         ),
     )  # [Hkv, W]
     cache.load_blocks(layer, idx)
@@ -64,8 +72,35 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     )  # the unwritten rest of its own block
     logits[:, :, n_chosen:] = float("-inf")  # unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
+    followed = blocks_after_peaks(weights, idx[0].tolist(), n_far, block_size)
+    if followed:
+        cache.answer.follow(layer, followed, plan.topk)
     out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
     return out.view(hq, 1, d).to(q.dtype)
+
+
+def blocks_after_peaks(
+    weights: torch.Tensor, row: list[int], n_far: int, block_size: int
+) -> list[int]:
+    """The blocks after the far blocks on whose last token a query head's attention peaks with
+    at least FOLLOW_PEAK_WEIGHT of it: weights [Hkv, G, W*B] over a step's slots `row` (blocks,
+    the first n_far far), ascending.
+
+    Measured (README, "Answer quality"): an answer copying a number that straddles two blocks
+    stopped where the first block ends, its next digit in a block the step had not chosen;
+    reading the next block from the step after the peak on, the embedded model's answers held
+    the number whole. A head whose attention is spread (no token holds half of it) is not
+    copying; there, too, two near-equal peaks would let float rounding decide."""
+    peak, top = weights.flatten(0, 1).max(dim=-1)  # each query head's: weight, slot * B + offset
+    return sorted(
+        {
+            row[t // block_size] + 1
+            for w, t in zip(peak.tolist(), top.tolist())
+            if w >= FOLLOW_PEAK_WEIGHT
+            and t // block_size < n_far
+            and t % block_size == block_size - 1
+        }
+    )
 
 
 def ranked_blocks(q: torch.Tensor, cache, layer: int, q_start: int, plan) -> torch.Tensor | None:
@@ -174,12 +209,13 @@ def _shared_by_heads(idx, n_far, n_chosen, ranked):
     return row.expand(idx.shape[0], -1), n_far, n_chosen, None
 
 
-def with_question_blocks(chosen, blocks: list[int], q_start: int, plan):
-    """A step's selection (idx [Hkv, W], n_far, n_chosen, ranked) with the blocks the question
-    read (`KVCache.question_blocks`) that lie before the step's local window and that it did not
-    choose itself added to its far blocks, in order. Measured (README, "Answer quality"): an
-    answer's digit steps whose own top-k had lost the needle's block copied a wrong digit, where
-    the question's blocks held it; each step then reads at most the question's blocks more."""
+def with_answer_blocks(chosen, blocks: list[int], q_start: int, plan):
+    """A step's selection (idx [Hkv, W], n_far, n_chosen, ranked) with the answer's blocks
+    (`KVCache.answer`: what the question read, and the blocks followed on to) that lie
+    before the step's local window and that it did not choose itself added to its far blocks, in
+    order. Measured (README, "Answer quality"): an answer's digit steps whose own top-k had lost
+    the needle's block copied a wrong digit, where the question's blocks held it; each step then
+    reads at most the question's blocks and the followed ones more."""
     idx, n_far, n_chosen, ranked = chosen
     window_first = q_start // plan.block_size - plan.local_blocks + 1
     row = idx[0].tolist()

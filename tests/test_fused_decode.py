@@ -11,6 +11,7 @@ from conftest import assert_close
 from tiny_checkpoints import tiny_model
 
 from msa.kernels import decoder_step
+from msa.models import fused_decode, msa_decode
 from msa.models.attention_settings import AttentionSettings
 from msa.models.fuse import fuse_projections
 from msa.models.kv_int8 import requantize_rows
@@ -140,22 +141,40 @@ def test_fused_steps_read_the_questions_blocks_as_the_per_op_path(model, request
     def asked(cache, forget=False):
         question = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(2))
         model(question, cache, question_from=cache.length, fused=False)
-        assert cache.question_blocks(0)  # what its last query block read
+        assert cache.answer.question(0)  # what its last query block read
         if forget:
-            cache.forget_question_blocks()
+            cache.answer.forget()
         return cache
 
     fused, per_op, fused_cache, _ = _decode_both(model, settings, 400, 16, prepare=asked)
     scale = float(per_op.abs().max())
     tol = 1e-5 * (10 if request.node.callspec.params["model"] == "int4" else 1)
     assert_close(fused, per_op, atol=tol * scale, what="logits")
-    assert fused_cache.question_blocks(0)  # decode steps keep the record
+    assert fused_cache.answer.question(0)  # decode steps keep the record
     alone, _, _, _ = _decode_both(
         model, settings, 400, 16, prepare=lambda cache: asked(cache, forget=True)
     )
     assert (fused - alone).abs().max() > 100 * tol * scale  # the blocks changed what was read
     model(torch.tensor([1, 2]), fused_cache)  # a prefill chunk that is no question
-    assert not fused_cache.question_blocks(0)
+    assert not fused_cache.answer.question(0)
+
+
+def test_fused_steps_follow_on_as_the_per_op_path(monkeypatch):
+    """Both paths follow on from the same far blocks' ends and read the same blocks after. A
+    random model spreads its attention, so the bar is lowered for both (to a share its peaks
+    reach, in fp32, where float rounding does not move a peak)."""
+    monkeypatch.setattr(msa_decode, "FOLLOW_PEAK_WEIGHT", 0.02)
+    monkeypatch.setattr(fused_decode, "FOLLOW_PEAK_WEIGHT", 0.02)
+    model = _model()
+    settings = AttentionSettings(
+        mode="msa", block_size=16, topk=2, selection_layer=None, kv_dtype="fp32"
+    )
+    fused, per_op, fused_cache, per_op_cache = _decode_both(model, settings, 400, 40)
+    assert_close(fused, per_op, atol=1e-5 * float(per_op.abs().max()), what="logits")
+    layers = range(model.config.num_hidden_layers)
+    followed = [fused_cache.answer.blocks(layer) for layer in layers]
+    assert followed == [per_op_cache.answer.blocks(layer) for layer in layers]
+    assert any(followed)
 
 
 # One unit in the last place at 1.0 of each 16-bit K/V dtype (int8 K/V: one code).

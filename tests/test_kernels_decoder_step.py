@@ -18,6 +18,7 @@ from msa.models.int_formats import quantize_int4, quantize_int8, unpack_int4
 
 HIDDEN, INTER, HEAD_DIM, N_LAYERS, CAP = 64, 96, 16, 3, 160
 TOL = dict(atol=2e-5, rtol=2e-5)
+FOLLOW_WEIGHT = 0.05  # random layers spread their attention: a low bar, which some peaks miss
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +114,12 @@ def run_both(
     kv_dtype=torch.float32,
     angles=None,
     eps=1e-5,
-    question_blocks=None,
+    answer_blocks=None,
+    followed=None,
 ):
     """(fused x, reference x, fused K/V stores, reference K/V stores) of one step at `pos`;
-    `angles`: its cos, sin ([D], or [2, D] for two kinds of layers; None: `angles_of(pos)`)."""
+    `angles`: its cos, sin ([D], or [2, D] for two kinds of layers; None: `angles_of(pos)`).
+    The blocks each path followed on to must agree; `followed`, where given, gets them."""
     layers = layers or make_layers(kind, n_heads, n_kv_heads)
     keys, values = stores(n_kv_heads, dtype=kv_dtype)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
@@ -137,8 +140,11 @@ def run_both(
         settings=settings,
         summaries=sums,
         inv_freq=inv_freq(),
-        question_blocks=question_blocks,
+        answer_blocks=answer_blocks,
+        followed=(want_followed := []),
+        follow_weight=FOLLOW_WEIGHT,
     )
+    got_followed = {}
     actual = step.step(
         x.clone(),
         fk,
@@ -150,8 +156,13 @@ def run_both(
         summaries=sums,
         absent=absent,
         load_blocks=load_blocks,
-        question_blocks=question_blocks,
+        answer_blocks=answer_blocks,
+        follow_blocks=lambda layer, ids: got_followed.setdefault(layer, ids),
+        follow_weight=FOLLOW_WEIGHT,
     )
+    assert got_followed == {layer: ids for layer, ids in enumerate(want_followed) if ids}
+    if followed is not None:
+        followed.update(got_followed)
     return actual, expected, (fk, fv), (keys, values)
 
 
@@ -230,11 +241,36 @@ def test_the_questions_blocks_are_read_besides_the_steps_own(extension, settings
     question = [[0, 1, 2, 5, window_first - 1, window_first], [], [3, 4, 6, window_first]]
     sums = summaries(2, block)
     actual, expected, _, _ = run_both(
-        extension, ds.FP32, 6, 2, pos, settings, sums, question_blocks=question
+        extension, ds.FP32, 6, 2, pos, settings, sums, answer_blocks=question
     )
     assert_close(actual, expected, **TOL, what=f"hidden state, {settings}")
     alone, _, _, _ = run_both(extension, ds.FP32, 6, 2, pos, settings, sums)
     assert (actual - alone).abs().max() > 1e-3  # the added blocks changed what it read
+
+
+@pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
+def test_steps_follow_on_from_peaks_at_a_far_blocks_end(extension, kind):
+    """Where a query head's logits peak on the last token of a far block, the step reports the
+    block after it, as the reference finds it (run_both asserts they agree at every step): with
+    every candidate far (several pieces of work per head, merged) and with top-k."""
+    steps = 0
+    for settings in (MSA_CASES[0], MSA_CASES[4], MSA_CASES[5]):
+        for pos in range(40, CAP, 3):
+            followed = {}
+            run_both(
+                extension,
+                kind,
+                6,
+                2,
+                pos,
+                settings,
+                summaries(2, settings.block_size),
+                followed=followed,
+            )
+            steps += bool(followed)
+            block = settings.block_size
+            assert all(b * block <= pos for ids in followed.values() for b in ids)
+    assert steps >= 10  # the peaks were found, not only their absence agreed
 
 
 def test_msa_ties_go_to_the_lower_block(extension):

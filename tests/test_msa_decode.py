@@ -16,8 +16,14 @@ from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import ForwardContext
 from msa.models.kv_cache import KVCache
 from msa.models.layers import RotaryEmbedding, apply_rope
+from msa.models.msa_decode import (
+    FOLLOW_PEAK_WEIGHT,
+    blocks_after_peaks,
+    decode_attend,
+    heads_in_turn,
+    ranked_blocks,
+)
 from msa.models.msa_decode import _select as decode_select
-from msa.models.msa_decode import decode_attend, heads_in_turn, ranked_blocks
 
 
 def _cache(
@@ -342,16 +348,76 @@ def test_a_step_reads_the_questions_blocks_besides_its_own(bounded_from):
     q = torch.randn(6, 1, 16)
     own = _joined(q, cache, 0, n)[0, 0].tolist()  # sink, 3 far blocks, the window
     question = [b for b in (2, 5, 9, 16, 17) if b not in own[1:4]][:3] + [17]
-    cache.keep_question_blocks(0, question)
+    cache.answer.keep_question(0, question)
     far = sorted(set(own[:4]) | {b for b in question if b < 17})
     assert len(far) == 4 + len(question) - 1
     idx = torch.tensor([*far, 17, 18], dtype=torch.int32).expand(2, -1)[:, None]
     _, want = _reference_general(q, cache, rope, n, idx=idx)
     got = _decode(q, cache, 0, n - 1, rope)
     assert_close(got, want, atol=1e-5, what="step with the question's blocks")
-    cache.forget_question_blocks()
+    cache.answer.forget()
     alone = _decode(q, cache, 0, n - 1, rope)
     assert (got - alone).abs().max() > 1e-3
+
+
+def test_peaks_on_a_far_blocks_last_token_name_the_block_after_it():
+    """Slots [0, 5, 9 | 12, 13] of 4 tokens, the first three far: a head holding at least half
+    its attention on the last token of a far block names the block after it; a spread peak, a
+    peak on another token, or on a block of the local window names none."""
+    weights = torch.zeros(2, 3, 20)
+
+    def peak(head, slot, offset, weight):
+        weights[head // 3, head % 3, slot * 4 + offset] = weight
+        weights[head // 3, head % 3, (slot * 4 + offset + 1) % 20] = 1 - weight  # the rest
+
+    peak(0, 1, 3, 0.6)  # block 5's last token: 6
+    peak(1, 2, 3, FOLLOW_PEAK_WEIGHT)  # block 9's, at the least weight: 10
+    peak(2, 0, 3, 0.45)  # spread: under half
+    peak(3, 3, 3, 0.9)  # block 12: the local window
+    peak(4, 0, 2, 0.9)  # not the block's last token
+    peak(5, 1, 3, 0.7)  # block 5's again
+    assert blocks_after_peaks(weights, [0, 5, 9, 12, 13], 3, 4) == [6, 10]
+
+
+@pytest.mark.parametrize("tokens,followed", [([95], [6]), ([94], []), ([94, 95], [])])
+def test_a_step_peaking_on_a_far_blocks_end_reads_the_next_block_after_it(tokens, followed):
+    """Keys planted at `tokens` along KV head 0's first query head: where the step's attention
+    peaks on the last token of a far block (95 ends block 5), the steps after it read block 6
+    besides their own, until the next question; two equal peaks (each under half) name none."""
+    n = 300  # the step at 299: block 18, local window 17..18, far blocks at true distances
+    cache, rope, _, _ = _cache(n, hkv=2, topk=3, local_blocks=2, bounded_from=10**9)
+    q = torch.randn(6, 1, 16)
+    for token in tokens:  # before any block is summarized
+        cache.k[0][0, token] = 12 * q[0, 0] / q[0, 0].norm()
+    own = _joined(q, cache, 0, n)[0, 0].tolist()  # sink, 3 far blocks, the window
+    assert 5 in own[1:4] and 6 not in own
+    first = _decode(q, cache, 0, n - 1, rope)
+    _, want = _reference_general(q, cache, rope, n, idx=_joined(q, cache, 0, n))
+    assert_close(first, want, atol=1e-5, what="the step that peaks")
+    assert cache.answer.blocks(0) == followed
+    far = sorted({*own[:4], *followed})
+    idx = torch.tensor([*far, 17, 18], dtype=torch.int32).expand(2, -1)[:, None]
+    _, want = _reference_general(q, cache, rope, n, idx=idx)
+    assert_close(_decode(q, cache, 0, n - 1, rope), want, atol=1e-5, what="the step after it")
+    cache.answer.keep_question(0, [2])  # a new question: its blocks, nothing followed yet
+    assert cache.answer.blocks(0) == [2]
+
+
+def test_followed_blocks_keep_the_most_recent_up_to_the_limit():
+    cache, _, _, _ = _cache(64, n_layers=2, topk=3)
+    cache.answer.keep_question(0, [1, 9])
+    cache.answer.follow(0, [4, 6], limit=2)
+    cache.answer.follow(0, [8, 4], limit=2)  # 4 again: the most recent now; 6 the oldest, dropped
+    assert cache.answer.blocks(0) == [1, 4, 8, 9]
+    assert cache.answer.question(0) == [1, 9]
+    assert cache.answer.blocks(1) == []
+    cache.answer.follow(1, [3], limit=3)
+    cache.answer.forget()  # a prefill chunk: nothing kept, nothing followed
+    assert cache.answer.blocks(0) == cache.answer.blocks(1) == []
+    cache.answer.follow(1, [3], limit=3)
+    cache.advance(64)
+    cache.truncate(32)  # the answer cut away
+    assert cache.answer.blocks(1) == []
 
 
 def test_the_answer_keeps_at_most_two_top_ks_of_the_questions_far_blocks():
@@ -364,7 +430,7 @@ def test_the_answer_keeps_at_most_two_top_ks_of_the_questions_far_blocks():
     q = torch.randn(8, tq, 16)
     chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
     attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
-    kept = cache.question_blocks(0)
+    kept = cache.answer.question(0)
     limit = msa.ANSWER_QUESTION_TOPKS * topk
     summaries = cache.block_summaries(0, n, by_content=True)
     own = msa._select(cache.score_frame(q, n - tq), n - tq, summaries, cache.plan, 16)
@@ -397,12 +463,12 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
             16,
         )
         last = _union(own)[0, -1]
-        assert cache.question_blocks(layer) == last[last >= 0].tolist()
+        assert cache.answer.question(layer) == last[last >= 0].tolist()
     document = ForwardContext.open(cache, rope, n - tq, tq)  # a chunk forgets, keeps nothing
-    assert cache.question_blocks(1) == []
+    assert cache.answer.question(1) == []
     attend(queries[0], cache.k[0][:, :n], cache.v[0][:, :n], document, 0)
-    assert cache.question_blocks(0) == []
-    cache.keep_question_blocks(0, [1, 2])
+    assert cache.answer.question(0) == []
+    cache.answer.keep_question(0, [1, 2])
     cache.advance(n)
     cache.truncate(n - tq)  # the question is gone
-    assert cache.question_blocks(0) == []
+    assert cache.answer.question(0) == []

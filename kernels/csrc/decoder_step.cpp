@@ -211,9 +211,11 @@ struct Segment {
 };
 
 // The softmax state of G query heads over part of the tokens: running max m, sum l, and the
-// unnormalized output o [G, D]; parts of one KV head merge by log-sum-exp.
+// unnormalized output o [G, D]; parts of one KV head merge by log-sum-exp. peak: each head's
+// token (a row of the stores) whose logit is m, the first such.
 struct Partial {
   std::vector<float> m, l, o;
+  std::vector<int64_t> peak;
 };
 
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
@@ -256,10 +258,14 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
   if (softcap > 0.f)  // Gemma 2: each logit x -> cap * tanh(x / cap)
     for (int64_t i = 0; i < g * n; ++i) p[i] = std::tanh(p[i] / softcap) * softcap;
   Partial part{std::vector<float>(static_cast<size_t>(g)), std::vector<float>(static_cast<size_t>(g)),
-               std::vector<float>(static_cast<size_t>(g * d), 0.f)};
+               std::vector<float>(static_cast<size_t>(g * d), 0.f), std::vector<int64_t>(static_cast<size_t>(g))};
   for (int64_t j = 0; j < g; ++j) {
     float* pj = p + j * n;
-    const float m = *std::max_element(pj, pj + n);
+    const int64_t top = std::max_element(pj, pj + n) - pj;
+    const float m = pj[top];
+    int64_t seg = 0, before = 0;  // the segment holding logit `top`, and its first logit's index
+    while (before + segs[seg].len <= top) before += segs[seg++].len;
+    part.peak[j] = segs[seg].start + (top - before);
     float l = 0.f;
 #pragma omp simd reduction(+ : l)
     for (int64_t t = 0; t < n; ++t) {
@@ -291,11 +297,14 @@ Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const 
 }
 
 // Attention of one token's query heads q [Hq, D] over each KV head's segments of the stores
-// [Hkv, cap, D], out [Hq, D]. The work is cut into pieces of about `piece` tokens (whole
-// segments) spread over the threads, then merged per KV head (flash-decoding).
+// [Hkv, cap, D], out [Hq, D]; peaks [Hq]: each head's token with the largest logit (the first
+// in segment order) where its attention weight is at least `peak_weight`, else -1. The work is
+// cut into pieces of about `piece` tokens (whole segments) spread over the threads, then merged
+// per KV head (flash-decoding).
 template <typename T>
 void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vector<std::vector<Segment>>& segs,
-            int64_t n_heads, int64_t d, float scale, float softcap, const double* inv_freq, float* out) {
+            int64_t n_heads, int64_t d, float scale, float softcap, const double* inv_freq, float* out,
+            int64_t* peaks, float peak_weight) {
   const int64_t n_kv_heads = static_cast<int64_t>(segs.size());
   const int64_t g = n_heads / n_kv_heads;
   int64_t total = 0;
@@ -331,8 +340,13 @@ void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vect
   for (int64_t h = 0; h < n_kv_heads; ++h)
     for (int64_t j = 0; j < g; ++j) {
       float m = -std::numeric_limits<float>::infinity();
+      bool seen = false;
       for (size_t i = 0; i < items.size(); ++i)
-        if (items[i].head == h) m = std::max(m, parts[i].m[j]);
+        if (items[i].head == h && (!seen || parts[i].m[j] > m)) {
+          m = parts[i].m[j];
+          peaks[h * g + j] = parts[i].peak[j];
+          seen = true;
+        }
       float l = 0.f;
       float* o = out + (h * g + j) * d;
       std::fill(o, o + d, 0.f);
@@ -344,6 +358,7 @@ void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vect
         for (int64_t c = 0; c < d; ++c) o[c] += w * po[c];
       }
       for (int64_t c = 0; c < d; ++c) o[c] /= l;
+      if (l * peak_weight > 1.f) peaks[h * g + j] = -1;  // the peak's weight, e^0 / l, is under it
     }
 }
 
@@ -409,14 +424,15 @@ Selection share_by_heads(const std::vector<Selection>& heads, const Settings& s)
   return shared;
 }
 
-// The selection with the blocks the question read (ascending) that lie before the token's local
-// window and that it did not choose added to its far blocks, in order (msa_decode.py).
-Selection with_question_blocks(const Selection& sel, const std::vector<int64_t>& question, int64_t pos,
-                               const Settings& s) {
+// The selection with the answer's blocks (ascending: what the question read, and the blocks
+// followed on to) that lie before the token's local window and that it did not choose added to
+// its far blocks, in order (msa_decode.py).
+Selection with_answer_blocks(const Selection& sel, const std::vector<int64_t>& answer, int64_t pos,
+                             const Settings& s) {
   const int64_t window_first = pos / s.block_size - s.local_blocks + 1;
   std::vector<int64_t> far(sel.blocks.begin(), sel.blocks.begin() + sel.n_far);
   const size_t chosen = far.size();
-  for (int64_t b : question)
+  for (int64_t b : answer)
     if (b < window_first && !std::binary_search(far.begin(), far.begin() + chosen, b)) far.push_back(b);
   if (far.size() == chosen) return sel;
   std::sort(far.begin(), far.end());
@@ -445,6 +461,24 @@ std::vector<Segment> selected_segments(const Selection& sel, int64_t pos, const 
   return segs;
 }
 
+// The blocks after the far blocks on whose last token a query head's attention peaks (peaks
+// [Hq]: rows of the stores, -1: none; sel: each KV head's selection), ascending
+// (msa_decode.blocks_after_peaks).
+std::vector<int64_t> blocks_after_peaks(const std::vector<int64_t>& peaks, const std::vector<Selection>& sel,
+                                        int64_t g, int64_t block_size) {
+  std::vector<int64_t> out;
+  for (size_t head = 0; head < peaks.size(); ++head) {
+    const Selection& mine = sel[head / static_cast<size_t>(g)];
+    const int64_t b = peaks[head] / block_size;
+    const auto far_end = mine.blocks.begin() + mine.n_far;
+    const bool last_token = peaks[head] >= 0 && peaks[head] % block_size == block_size - 1;
+    if (last_token && std::find(mine.blocks.begin(), far_end, b) != far_end) out.push_back(b + 1);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // The new token's rows x [Hkv, D] written at `pos` of a layer's store [Hkv, cap, D], in the
 // store's type.
 template <typename T>
@@ -465,18 +499,18 @@ void write_token(const float* x, const at::Tensor& store, int64_t heads, int64_t
 // `attend` over a layer's stores k, v [Hkv, cap, D] of fp32, fp16 or bf16.
 void attend_stores(const float* q, const at::Tensor& k, const at::Tensor& v,
                    const std::vector<std::vector<Segment>>& segs, int64_t n_heads, int64_t d, float scale,
-                   float softcap, const double* inv_freq, float* out) {
+                   float softcap, const double* inv_freq, float* out, int64_t* peaks, float peak_weight) {
   const int64_t cap = k.size(1);
   switch (k.scalar_type()) {
     case at::kHalf:
       return attend(q, k.data_ptr<at::Half>(), v.data_ptr<at::Half>(), cap, segs, n_heads, d, scale, softcap,
-                    inv_freq, out);
+                    inv_freq, out, peaks, peak_weight);
     case at::kBFloat16:
       return attend(q, k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), cap, segs, n_heads, d, scale,
-                    softcap, inv_freq, out);
+                    softcap, inv_freq, out, peaks, peak_weight);
     default:
       return attend(q, k.data_ptr<float>(), v.data_ptr<float>(), cap, segs, n_heads, d, scale, softcap, inv_freq,
-                    out);
+                    out, peaks, peak_weight);
   }
 }
 
@@ -569,17 +603,20 @@ class DecoderStack {
   // See DecoderStep.step in decoder_step.py. cos, sin: [D] or [kinds, D], the angles of `pos` of
   // each kind of layer (row 0: the global layers', row 1: the windowed layers'); windows: per
   // layer, the sliding window (<= 0: none), or empty; softcap: of the attention logits (<= 0:
-  // none); question_blocks: per layer, the blocks the question read (ascending), which an MSA
-  // step reads besides its own choice, or empty. Returns (-1, [], shared) when every layer ran, or
-  // (layer, blocks, shared) when `layer` selected blocks that `absent` marks as not in the
-  // stores yet: x is then as that layer found it; load the blocks and call again from it,
-  // passing `shared` back.
-  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>> step(
+  // none); answer_blocks: per layer, the answer's blocks (ascending), which an MSA step reads
+  // besides its own choice, or empty. Returns (-1, [], shared, followed) when every layer ran,
+  // or (layer, blocks, shared, followed) when `layer` selected blocks that `absent` marks as not
+  // in the stores yet: x is then as that layer found it; load the blocks and call again from
+  // it, passing `shared` back. followed: per layer, the blocks after the far blocks on whose
+  // last token a query head's attention peaked with at least `peak_weight` of it, ascending
+  // (msa_decode.blocks_after_peaks), for the layers that ran.
+  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::vector<int64_t>>> step(
       at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
       const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
-      std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, int64_t first_layer,
-      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& question_blocks) const {
+      std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, double peak_weight,
+      int64_t first_layer,
+      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& answer_blocks) const {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
     const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
@@ -588,8 +625,8 @@ class DecoderStack {
     TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
     const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
     TORCH_CHECK(windows.empty() || windows.size() == layers_.size(), "windows: one per layer, or none");
-    TORCH_CHECK(question_blocks.empty() || question_blocks.size() == layers_.size(),
-                "question_blocks: one list per layer, or none");
+    TORCH_CHECK(answer_blocks.empty() || answer_blocks.size() == layers_.size(),
+                "answer_blocks: one list per layer, or none");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                     sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && cos.size(-1) == d_ &&
                     (cos.dim() == 1 || (cos.dim() == 2 && (cos.size(0) == 1 || cos.size(0) == 2))),
@@ -611,6 +648,8 @@ class DecoderStack {
     std::vector<float> h(static_cast<size_t>(hidden_)), qkv(static_cast<size_t>(qkv_width));
     std::vector<float> q0(static_cast<size_t>(n_heads_ * d_)), attn(static_cast<size_t>(n_heads_ * d_));
     std::vector<float> gu(static_cast<size_t>(2 * inter_)), delta(static_cast<size_t>(hidden_));
+    std::vector<int64_t> peaks(static_cast<size_t>(n_heads_));
+    std::vector<std::vector<int64_t>> followed(layers_.size());
     float* xs = x.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     Selection shared;
@@ -669,7 +708,8 @@ class DecoderStack {
         const int64_t from = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
         const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
                                                      dense_segments(from, pos + 1, s.block_size));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data());
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data(),
+                      peaks.data(), static_cast<float>(peak_weight));
       } else {
         const int64_t layer = static_cast<int64_t>(li);
         std::vector<Selection> sel;
@@ -686,7 +726,7 @@ class DecoderStack {
           // one set for every KV head, the heads' choices taken in turn, in every selecting
           // layer; the selection layer's is read by the layers after it
           Selection joined = share_by_heads(sel, s);
-          if (!question_blocks.empty()) joined = with_question_blocks(joined, question_blocks[li], pos, s);
+          if (!answer_blocks.empty()) joined = with_answer_blocks(joined, answer_blocks[li], pos, s);
           sel.assign(static_cast<size_t>(n_kv_heads_), joined);
           if (layer == s.selection_layer) {
             shared = joined;
@@ -700,10 +740,12 @@ class DecoderStack {
           for (int64_t b : head.blocks)
             if (b < n_marked && gone[b] && std::find(missing.begin(), missing.end(), b) == missing.end())
               missing.push_back(b);
-        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared)};
+        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared), followed};
         std::vector<std::vector<Segment>> segs;
         for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data());
+        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data(),
+                      peaks.data(), static_cast<float>(peak_weight));
+        followed[li] = blocks_after_peaks(peaks, sel, g, s.block_size);
       }
       l.o.apply(attn.data(), delta.data());
       if (l.attn_out_norm.defined()) norm(l, delta.data(), l.attn_out_norm, delta.data(), 1, hidden_);
@@ -726,7 +768,7 @@ class DecoderStack {
       if (l.mlp_out_norm.defined()) norm(l, delta.data(), l.mlp_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
     }
-    return {-1, {}, flatten(shared, have_shared)};
+    return {-1, {}, flatten(shared, have_shared), followed};
   }
 
  private:
