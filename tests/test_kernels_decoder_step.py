@@ -250,9 +250,10 @@ def test_the_questions_blocks_are_read_besides_the_steps_own(extension, settings
 
 @pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
 def test_steps_follow_on_from_peaks_at_a_far_blocks_end(extension, kind):
-    """Where a query head's logits peak on the last token of a far block, the step reports the
-    block after it, as the reference finds it (run_both asserts they agree at every step): with
-    every candidate far (several pieces of work per head, merged) and with top-k."""
+    """Where a query head's attention peaks on the last token of a far block (with at least
+    FOLLOW_WEIGHT of it), the step reports the block after it, as the reference finds it
+    (run_both asserts they agree at every step): with every candidate far (several pieces of
+    work per head, merged) and with top-k."""
     steps = 0
     for settings in (MSA_CASES[0], MSA_CASES[4], MSA_CASES[5]):
         for pos in range(40, CAP, 3):

@@ -367,8 +367,10 @@ def test_peaks_on_a_far_blocks_last_token_name_the_block_after_it():
     weights = torch.zeros(2, 3, 20)
 
     def peak(head, slot, offset, weight):
-        weights[head // 3, head % 3, slot * 4 + offset] = weight
-        weights[head // 3, head % 3, (slot * 4 + offset + 1) % 20] = 1 - weight  # the rest
+        at = slot * 4 + offset
+        for rest in (at + 1, at + 2):  # the rest of its attention, on two other tokens
+            weights[head // 3, head % 3, rest % 20] = (1 - weight) / 2
+        weights[head // 3, head % 3, at] = weight
 
     peak(0, 1, 3, 0.6)  # block 5's last token: 6
     peak(1, 2, 3, FOLLOW_PEAK_WEIGHT)  # block 9's, at the least weight: 10
