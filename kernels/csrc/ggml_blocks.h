@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -102,18 +103,23 @@ struct MatvecPart {
   float* y;  // [n_rows]
 };
 
+// Which input formats parts read: (the K-quants', Q5_0's and Q8_0's).
+inline std::pair<bool, bool> input_formats(const MatvecPart* parts, int64_t n_parts) {
+  std::pair<bool, bool> need{false, false};
+  for (int64_t i = 0; i < n_parts; ++i) (k_quant(parts[i].type) ? need.first : need.second) = true;
+  return need;
+}
+
 // Each part's y = W x for parts that read the same x [k], with x quantized to int8 first
 // (ggml_input_q8.h), as llama.cpp computes a matvec: once for every part of its input format,
 // and the parts' rows taken by the threads as one run of rows (a layer's q, k and v, or its
 // gate and up: one parallel region and one wait for the slowest thread, not one each).
 inline void matvec_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, const float* x) {
   InputQ8 q8_k, q8_0;  // the K-quants' input format, and Q5_0's and Q8_0's
-  bool need_k = false, need_0 = false;
+  const auto [need_k, need_0] = input_formats(parts, n_parts);
   std::vector<int64_t> starts(static_cast<size_t>(n_parts) + 1, 0);
   int64_t min_row_bytes = parts[0].row_bytes;
   for (int64_t i = 0; i < n_parts; ++i) {
-    need_k |= k_quant(parts[i].type);
-    need_0 |= !k_quant(parts[i].type);
     starts[i + 1] = starts[i] + parts[i].n_rows;
     min_row_bytes = std::min(min_row_bytes, parts[i].row_bytes);
   }

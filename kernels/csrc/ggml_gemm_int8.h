@@ -353,8 +353,7 @@ void tiles_of_rows(int64_t type, const InputTiles& in, int64_t t0, const Unpacke
 inline void linear_int8_parts(const MatvecPart* parts, int64_t n_parts, int64_t k, const float* x, int64_t m) {
 #ifdef MSA_GEMM_INT8
   InputTiles q8_k, q8_0;  // the K-quants' input format, and Q5_0's and Q8_0's
-  bool need_k = false, need_0 = false;
-  for (int64_t i = 0; i < n_parts; ++i) (k_quant(parts[i].type) ? need_k : need_0) = true;
+  const auto [need_k, need_0] = input_formats(parts, n_parts);
   if (need_k) quantize_tiles(x, m, k, true, q8_k);
   if (need_0) quantize_tiles(x, m, k, false, q8_0);
   const int64_t run = std::max<int64_t>(kTileRows, (int64_t{1} << 18) / k / kTileRows * kTileRows);
