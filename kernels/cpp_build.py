@@ -25,14 +25,15 @@ AVX512 = {"avx512f", "avx512bw", "avx512vl"}
 
 def _cpu_flags() -> list[str]:
     """-O3, and AVX2/FMA/F16C where this CPU has them, and AVX-512 F/BW/VL and VNNI (AVX-512's
-    or AVX-VNNI) for the GGUF block kernels, AVX-512 BF16 for prefill's attention (the build is
-    this machine's own)."""
+    or AVX-VNNI) for the GGUF block kernels and the decode step's attention rows, AVX-512 BF16
+    for prefill's attention (the build is this machine's own)."""
     flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on PyTorch's threads only with it
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= cpu_flags():
         flags += ["-mavx2", "-mfma", "-mf16c"]
-        # the GGUF block kernels only (ggml_blocks.h): AVX-512, and VNNI's int8 dot products
+        # the code that asks for it alone (ggml_blocks.h, attend_rows_avx512.h): AVX-512, and
+        # VNNI's int8 dot products
         if AVX512 <= cpu_flags():
-            flags += ["-DMSA_GGML_AVX512"]
+            flags += ["-DMSA_AVX512"]
             if "avx512_vnni" in cpu_flags():
                 flags += ["-DMSA_GGML_VNNI"]
             if "avx512_bf16" in cpu_flags():  # bf16 dot products (attention_bf16.cpp)

@@ -33,7 +33,7 @@ NO_ROW_IDS = torch.empty(0, dtype=torch.long)
 _EXTENSION = CppExtension("msa_ggml_blocks", ["ggml_blocks.cpp"])
 # the same kernels without AVX-512 and VNNI (the 256-bit rows), to compare the two flavours
 _NARROW = CppExtension(
-    "msa_ggml_blocks_256", ["ggml_blocks.cpp"], without=("-DMSA_GGML_AVX512", "-DMSA_GGML_VNNI")
+    "msa_ggml_blocks_256", ["ggml_blocks.cpp"], without=("-DMSA_AVX512", "-DMSA_GGML_VNNI")
 )
 
 

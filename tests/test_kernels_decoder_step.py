@@ -177,12 +177,14 @@ def test_dense_step_matches_reference(extension, kind, n_heads, n_kv_heads, pos)
         assert_close(fv[layer], values[layer], **TOL, what=f"values of layer {layer}")
 
 
-@pytest.mark.parametrize("head_dim", [12, 40])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [12, 40, 48, 80])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("settings", [ds.StepSettings(), ds.StepSettings(0, 0, 8, 3, 1, 1, 1)])
 def test_heads_of_any_even_width(extension, head_dim, kv_dtype, settings, monkeypatch):
     """Attention runs 8 keys and up to 4 heads at a time where the head width is a multiple of
-    8 (40: 5 chunks, 3 query heads a KV head: 2 + 1), and one key at a time elsewhere (12)."""
+    8 (40: 5 chunks of 8, 3 query heads a KV head: 2 + 1), on 512-bit vectors where it is a
+    multiple of 16 and the build has AVX-512 (48, 80: 3 and 5 chunks of 16, and the 16 of the
+    other tests), and one key at a time elsewhere (12)."""
     monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", head_dim)
     sums = summaries(2, settings.block_size)
     actual, expected, *_ = run_both(extension, ds.FP32, 6, 2, 77, settings, sums, kv_dtype=kv_dtype)

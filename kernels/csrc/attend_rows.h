@@ -1,5 +1,5 @@
 // The two loops of the fused decode step's attention (decoder_step.cpp: attend_segments) over a
-// run of cached rows, in the order of sums of the plain loops they replace, so the same bits:
+// run of cached rows:
 //
 // - logits: p[j, t] = (q_j . k_t) * scale for the G query heads j of a KV head. The plain loop's
 //   dot (`#pragma omp simd reduction`, GCC) sums in 8 fp32 lanes, lane i taking products
@@ -11,7 +11,9 @@
 //   of being loaded and stored at each token.
 //
 // Rows are fp32, fp16 or bf16 (widened exactly, kv_rows.h). With AVX2 and FMA and a head width
-// a multiple of 8 these run; elsewhere the caller keeps its plain loops (`fast_rows`).
+// a multiple of 8 these run, in the plain loops' order of sums (the same bits); elsewhere the
+// caller keeps its plain loops (`fast_rows`). Where the build has AVX-512 (MSA_AVX512), the
+// 512-bit loops of attend_rows_avx512.h run instead where the shapes allow: the same bits.
 #pragma once
 
 #include <torch/extension.h>
@@ -61,7 +63,7 @@ inline __m256 lane_sums(const __m256 s[8]) {
 
 // p[j * stride + t] = (q_j . k_t) * scale for t < len (rows k + t * d), j < g; q [g, d].
 template <typename T>
-void logits(const float* q, int64_t g, int64_t d, const T* k, int64_t len, float scale, float* p, int64_t stride) {
+void logits8(const float* q, int64_t g, int64_t d, const T* k, int64_t len, float scale, float* p, int64_t stride) {
   const __m256 s8 = _mm256_set1_ps(scale);
   int64_t t = 0;
   for (; t + 8 <= len; t += 8) {
@@ -92,36 +94,71 @@ void logits(const float* q, int64_t g, int64_t d, const T* k, int64_t len, float
 }
 
 // o [H, d] (heads j0..j0+H-1 of o_all [g, d]) += sum over t < len of p[j, t] * v_t, token by
-// token; C chunks of 8 values at a time, H * C = 8 accumulators in registers.
+// token, for the C chunks of 8 values from c0: H * C accumulators, kept in registers across the
+// tokens (C a constant: with a count known only at run time GCC kept them in memory).
+template <int H, int C, typename T>
+void add_value_chunks(const float* p, int64_t stride, int64_t j0, int64_t c0, int64_t d, const T* v, int64_t len,
+                      float* o_all) {
+  __m256 acc[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) acc[h][c] = _mm256_loadu_ps(o_all + (j0 + h) * d + c0 + 8 * c);
+  for (int64_t t = 0; t < len; ++t) {
+    const T* row = v + t * d + c0;
+    __m256 w[H];
+    for (int h = 0; h < H; ++h) w[h] = _mm256_set1_ps(p[(j0 + h) * stride + t]);
+    for (int c = 0; c < C; ++c) {
+      const __m256 x = load8(row + 8 * c);
+      for (int h = 0; h < H; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], x, acc[h][c]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(o_all + (j0 + h) * d + c0 + 8 * c, acc[h][c]);
+}
+
+// The same over the whole head width, 8 / H chunks at a time.
 template <int H, typename T>
 void add_values_of(const float* p, int64_t stride, int64_t j0, int64_t d, const T* v, int64_t len, float* o_all) {
   constexpr int C = 8 / H;
-  for (int64_t c0 = 0; c0 < d; c0 += 8 * C) {
-    const int chunks = static_cast<int>(std::min<int64_t>(C, (d - c0) / 8));
-    __m256 acc[H][C];
-    for (int h = 0; h < H; ++h)
-      for (int c = 0; c < chunks; ++c) acc[h][c] = _mm256_loadu_ps(o_all + (j0 + h) * d + c0 + 8 * c);
-    for (int64_t t = 0; t < len; ++t) {
-      const T* row = v + t * d + c0;
-      __m256 w[H];
-      for (int h = 0; h < H; ++h) w[h] = _mm256_set1_ps(p[(j0 + h) * stride + t]);
-      for (int c = 0; c < chunks; ++c) {
-        const __m256 x = load8(row + 8 * c);
-        for (int h = 0; h < H; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], x, acc[h][c]);
-      }
-    }
-    for (int h = 0; h < H; ++h)
-      for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(o_all + (j0 + h) * d + c0 + 8 * c, acc[h][c]);
-  }
+  int64_t c0 = 0;
+  for (; c0 + 8 * C <= d; c0 += 8 * C) add_value_chunks<H, C>(p, stride, j0, c0, d, v, len, o_all);
+  for (; c0 < d; c0 += 8) add_value_chunks<H, 1>(p, stride, j0, c0, d, v, len, o_all);
 }
 
 // o [g, d] += sum over t < len of p[j, t] * v_t for every head j < g.
 template <typename T>
-void add_values(const float* p, int64_t stride, int64_t g, int64_t d, const T* v, int64_t len, float* o) {
+void add_values8(const float* p, int64_t stride, int64_t g, int64_t d, const T* v, int64_t len, float* o) {
   int64_t j = 0;
   for (; j + 4 <= g; j += 4) add_values_of<4>(p, stride, j, d, v, len, o);
   for (; j + 2 <= g; j += 2) add_values_of<2>(p, stride, j, d, v, len, o);
   for (; j < g; ++j) add_values_of<1>(p, stride, j, d, v, len, o);
+}
+
+}  // namespace attend_rows
+
+#ifdef MSA_AVX512
+#include "attend_rows_avx512.h"
+#endif
+
+namespace attend_rows {
+
+// The loops the build and the shapes allow (the same bits whichever runs):
+// p[j * stride + t] = (q_j . k_t) * scale ...
+template <typename T>
+void logits(const float* q, int64_t g, int64_t d, const T* k, int64_t len, float scale, float* p, int64_t stride) {
+  int64_t done = 0;
+#ifdef MSA_AVX512
+  if (wide::fits_logits(g, d)) done = wide::logits(q, g, d, k, len, scale, p, stride);
+#endif
+  logits8(q, g, d, k + done * d, len - done, scale, p + done, stride);
+}
+
+// ... and o [g, d] += sum over t < len of p[j, t] * v_t.
+template <typename T>
+void add_values(const float* p, int64_t stride, int64_t g, int64_t d, const T* v, int64_t len, float* o) {
+#ifdef MSA_AVX512
+  if (wide::fits_values(d)) return wide::add_values(p, stride, g, d, v, len, o);
+#endif
+  add_values8(p, stride, g, d, v, len, o);
 }
 
 #else

@@ -218,32 +218,61 @@ struct Partial {
   std::vector<int64_t> peak;
 };
 
+// The angles of the shifts a token's segments are read at: for each distinct nonzero shift s,
+// cos and sin of s * inv_freq, as rope() takes them ([D], each half the same). Computed once a
+// layer for all its KV heads, which mostly read the same blocks (a step at 32K tokens of the 8B
+// shape spent 3% of its time in sincos, each head computing its own).
+class Rotations {
+ public:
+  Rotations(const std::vector<std::vector<Segment>>& segs, int64_t d, const double* inv_freq) : d_(d) {
+    for (const auto& head : segs)
+      for (const Segment& seg : head)
+        if (seg.shift != 0) shifts_.push_back(seg.shift);
+    std::sort(shifts_.begin(), shifts_.end());
+    shifts_.erase(std::unique(shifts_.begin(), shifts_.end()), shifts_.end());
+    cos_.resize(shifts_.size() * d);
+    sin_.resize(shifts_.size() * d);
+    const int64_t half = d / 2;
+    for (size_t i = 0; i < shifts_.size(); ++i)
+      for (int64_t c = 0; c < half; ++c) {
+        const double a = static_cast<double>(shifts_[i]) * inv_freq[c];
+        cos_[i * d + c] = cos_[i * d + c + half] = static_cast<float>(std::cos(a));
+        sin_[i * d + c] = sin_[i * d + c + half] = static_cast<float>(std::sin(a));
+      }
+  }
+
+  // q [G, D] rotated by -shift into `out`.
+  void rotate_back(const float* q, int64_t g, int64_t shift, float* out) const {
+    const size_t i = std::lower_bound(shifts_.begin(), shifts_.end(), shift) - shifts_.begin();
+    std::copy(q, q + g * d_, out);
+    rope(out, g, d_, cos_.data() + i * d_, sin_.data() + i * d_, -1.f);
+  }
+
+ private:
+  int64_t d_;
+  std::vector<int64_t> shifts_;
+  std::vector<float> cos_, sin_;  // [shifts, D]
+};
+
 // Attention of the G query heads q [G, D] of one KV head over `segs` of its stores k, v
 // ([cap, D] rows of fp32, fp16 or bf16, widened to fp32), as a Partial; the logits soft-capped
-// by `softcap` where it is > 0. p: scratch of at least G * (tokens in segs). The logits and the
-// weighted values run 8 keys and up to 4 heads at a time where attend_rows.h can (the plain
-// loops' order of sums: the same bits).
+// by `softcap` where it is > 0; a segment with a shift read by q rotated back by it (`rot`).
+// p: scratch of at least G * (tokens in segs). The logits and the weighted values run several
+// keys and heads at a time where attend_rows.h can.
 template <typename T>
 Partial attend_segments(const float* q, int64_t g, int64_t d, const T* k, const T* v,
-                        const Segment* segs, int64_t n_segs, float scale, float softcap, const double* inv_freq,
+                        const Segment* segs, int64_t n_segs, float scale, float softcap, const Rotations& rot,
                         float* p) {
   std::vector<float> row(static_cast<size_t>(d));
   int64_t n = 0;
   for (int64_t i = 0; i < n_segs; ++i) n += segs[i].len;
-  std::vector<float> qm(static_cast<size_t>(g * d)), cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
-  const int64_t half = d / 2;
+  std::vector<float> qm(static_cast<size_t>(g * d));
   int64_t at = 0;
   for (int64_t i = 0; i < n_segs; ++i) {
     const Segment& seg = segs[i];
     const float* qs = q;
     if (seg.shift != 0) {
-      for (int64_t c = 0; c < half; ++c) {
-        const double a = static_cast<double>(seg.shift) * inv_freq[c];
-        cs[c] = cs[c + half] = static_cast<float>(std::cos(a));
-        sn[c] = sn[c + half] = static_cast<float>(std::sin(a));
-      }
-      std::copy(q, q + g * d, qm.begin());
-      rope(qm.data(), g, d, cs.data(), sn.data(), -1.f);
+      rot.rotate_back(q, g, seg.shift, qm.data());
       qs = qm.data();
     }
     if (attend_rows::fast_rows(d))
@@ -327,6 +356,7 @@ void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vect
       items.push_back(it);
     }
   }
+  const Rotations rot(segs, d, inv_freq);
   std::vector<Partial> parts(items.size());
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
     std::vector<float> p;
@@ -334,7 +364,7 @@ void attend(const float* q, const T* k, const T* v, int64_t cap, const std::vect
       const Item& it = items[i];
       p.resize(static_cast<size_t>(g * it.tokens));
       parts[i] = attend_segments(q + it.head * g * d, g, d, k + it.head * cap * d, v + it.head * cap * d,
-                                 segs[it.head].data() + it.first, it.count, scale, softcap, inv_freq, p.data());
+                                 segs[it.head].data() + it.first, it.count, scale, softcap, rot, p.data());
     }
   });
   for (int64_t h = 0; h < n_kv_heads; ++h)

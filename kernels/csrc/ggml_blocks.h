@@ -34,13 +34,13 @@
 
 #include "ggml_block_types.h"
 
-// With MSA_GGML_AVX512 and/or MSA_GGML_VNNI defined (the build's choice, cpp_build.py, from
+// With MSA_AVX512 and/or MSA_GGML_VNNI defined (the build's choice, cpp_build.py, from
 // what the CPU has), these kernels alone are compiled for them: the code that includes them
 // keeps its own flags.
-#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) && defined(MSA_GGML_VNNI)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#elif defined(MSA_GGML_AVX512)
+#elif defined(MSA_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 #elif defined(MSA_GGML_VNNI)
@@ -157,6 +157,6 @@ inline void matvec_fp32(int64_t type, const uint8_t* base, int64_t row_bytes, co
 
 }  // namespace ggml_blocks
 
-#if defined(MSA_GGML_AVX512) || defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) || defined(MSA_GGML_VNNI)
 #pragma GCC pop_options
 #endif

@@ -71,7 +71,7 @@ GGML_INLINE void store16(__m128i q, float scale, float min, float* y) {
   _mm256_storeu_ps(y, _mm256_fmadd_ps(a, s, m));
   _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(c, s, m));
 }
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
 // 16 fp32 values rounded to bf16 (their bits), to nearest with ties to even; a NaN stays a
 // (quiet) NaN: as PyTorch's .to(torch.bfloat16).
 GGML_INLINE __m256i bf16_bits16(__m512 x) {
@@ -206,7 +206,7 @@ GGML_INLINE __m128 q4k_add_mins(const uint8_t* b, __m128i bytes, const InputQ8& 
 // or maddubs (pairs into int16: no saturation here, |u| <= 128 and |s| <= 127) then madd.
 // The build's macros choose (g++ does not define __AVX512VNNI__ under `#pragma GCC target`).
 GGML_INLINE __m256i dot4(__m256i u, __m256i s) {
-#if defined(MSA_GGML_VNNI) && defined(MSA_GGML_AVX512)
+#if defined(MSA_GGML_VNNI) && defined(MSA_AVX512)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #elif defined(MSA_GGML_VNNI)
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
@@ -308,7 +308,7 @@ float row_dot_of(const uint8_t* row, const InputQ8& x, int64_t k) {
 
 }  // namespace ggml_blocks
 
-#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) && defined(MSA_GGML_VNNI)
 #include "ggml_blocks_avx512.h"
 #endif
 
@@ -316,7 +316,7 @@ namespace ggml_blocks {
 
 inline float row_dot(int64_t type, const uint8_t* row, const InputQ8& x, int64_t k) {
   switch (type) {
-#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) && defined(MSA_GGML_VNNI)
     case Q4_K: return row_dot_q4k_512(row, x, k);
     case Q6_K: return row_dot_q6k_512(row, x, k);
     case Q5_0: return row_dot_small_blocks_512<Q5_0>(row, x, k);

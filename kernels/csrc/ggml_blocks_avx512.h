@@ -1,5 +1,5 @@
 // Decode's matvec rows for Q4_K, Q6_K, Q5_0 and Q8_0 on 512-bit vectors with AVX-512 VNNI
-// (included by ggml_blocks_avx2.h where the build defines MSA_GGML_AVX512 and MSA_GGML_VNNI).
+// (included by ggml_blocks_avx2.h where the build defines MSA_AVX512 and MSA_GGML_VNNI).
 //
 // Why: on 2 cores the 256-bit rows (ggml_blocks_avx2.h) are bound by their instructions, not
 // by memory: a Llama-3.1-8B-shape Q4_K_M step read its weights at ~31 GB/s against a 45 GB/s

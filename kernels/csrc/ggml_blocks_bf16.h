@@ -14,10 +14,10 @@
 #include "ggml_blocks.h"
 
 // the targets of ggml_blocks.h's kernels, whose block unpacking these inline
-#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) && defined(MSA_GGML_VNNI)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#elif defined(MSA_GGML_AVX512)
+#elif defined(MSA_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 #endif
@@ -42,7 +42,7 @@ inline void round_to_bf16(const float* v, int64_t n, uint16_t* out) {
 // fp32 values are rounded in registers (dequantize_block to bf16: the same bits).
 inline void dequantize_row_bf16(int64_t type, const uint8_t* row, int64_t k, uint16_t* out) {
   const int64_t nv = block_values(type), bb = block_bytes(type), n_blocks = k / nv;
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
   for (int64_t blk = 0; blk < n_blocks; ++blk) dequantize_block(type, row + blk * bb, out + blk * nv);
 #else
   const int64_t per = 256 / nv;  // blocks a batch: 256 values rounded at once
@@ -64,7 +64,7 @@ inline void dequantize_rows_bf16(int64_t type, const uint8_t* base, int64_t row_
   });
 }
 
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
 // 16 rows of 16 32-bit words, r[i] the i-th, transposed in place: r[j] becomes word j of every
 // row. Per 128-bit lane the words are paired then the pairs (rows 4g..4g+3 of one word each);
 // the lanes are then gathered across rows by two rounds of 128-bit shuffles.
@@ -105,7 +105,7 @@ inline void pack_rows_bf16(int64_t type, const uint8_t* base, int64_t row_bytes,
   uint32_t* to = reinterpret_cast<uint32_t*>(b);
   const auto row = [&](int64_t c) { return base + (row_ids ? row_ids[first + c] : first + c) * row_bytes; };
   int64_t c0 = 0;
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
   const int64_t nv = block_values(type), bb = block_bytes(type);
   alignas(64) uint16_t tile[16 * 256];  // 16 rows of 256 values: 128 words a row
   const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
@@ -163,6 +163,6 @@ inline void linear_bf16_tiles(int64_t type, const uint8_t* base, int64_t row_byt
 
 }  // namespace ggml_blocks
 
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
 #pragma GCC pop_options
 #endif

@@ -27,7 +27,7 @@
 
 #include "ggml_blocks.h"
 
-#if defined(MSA_GGML_AVX512) && defined(MSA_GGML_VNNI)
+#if defined(MSA_AVX512) && defined(MSA_GGML_VNNI)
 #define MSA_GEMM_INT8 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")

@@ -33,7 +33,7 @@ inline void quantize_q8_0(const float* x, int64_t k, InputQ8& out) {
   out.d.resize(static_cast<size_t>(k / 32));
   for (int64_t g = 0; g < k / 32; ++g) {
     const float* xg = x + g * 32;
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
     const __m512 v[2] = {_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)};
     const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
     const __m512 scale = _mm512_set1_ps(top != 0.f ? 127.f / top : 0.f);
@@ -51,7 +51,7 @@ inline void quantize_q8_0(const float* x, int64_t k, InputQ8& out) {
   }
 }
 
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
 // One Q8_K block of 256, 16 values a vector: the loop of quantize_q8_K's values exactly (the
 // first value of largest |x|, the same fp32 products, rounded to nearest even by cvtps). False
 // for a block of zeros, left to that loop.
@@ -91,7 +91,7 @@ inline void quantize_q8_K(const float* x, int64_t k, InputQ8& out) {
   for (int64_t b = 0; b < k / 256; ++b) {
     const float* xb = x + b * 256;
     int8_t* qb = out.q.data() + b * 256;
-#ifdef MSA_GGML_AVX512
+#ifdef MSA_AVX512
     if (quantize_block_q8_K_512(xb, qb, out.sums.data() + b * 16, out.d[b])) continue;
 #endif
     float amax = 0.f, m = 0.f;
