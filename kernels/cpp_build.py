@@ -15,12 +15,15 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import filelock
 import torch
 
 from .cpu_features import cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
 AVX512 = {"avx512f", "avx512bw", "avx512vl"}
+# how long a process waits for another one's build of the same module (under a minute as a rule)
+BUILD_WAIT_S = 1800
 
 
 def _cpu_flags() -> list[str]:
@@ -105,15 +108,21 @@ class CppExtension:
 
                 name, flags, folder = self._target()
                 folder.mkdir(parents=True, exist_ok=True)
-                self.module = load(
-                    name=name,
-                    sources=[str(s) for s in self.sources],
-                    extra_cflags=flags,
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(folder),
-                    verbose=False,
-                )
-            except Exception as e:  # no compiler, no ninja, no headers, no room
+                # PyTorch's own build lock is a file that a build stopped midway (Ctrl-C, a
+                # kill) leaves behind, and every later load then waits on it forever. Builds
+                # take turns under a lock the OS lets go of when its process ends; whoever
+                # holds it is the only builder, so a PyTorch lock found then is a dead one's.
+                with filelock.FileLock(folder / "msa-build.lock", timeout=BUILD_WAIT_S):
+                    (folder / "lock").unlink(missing_ok=True)
+                    self.module = load(
+                        name=name,
+                        sources=[str(s) for s in self.sources],
+                        extra_cflags=flags,
+                        extra_ldflags=["-fopenmp"],
+                        build_directory=str(folder),
+                        verbose=False,
+                    )
+            except Exception as e:  # no compiler, no ninja, no headers, no room, a build hung
                 lines = str(e).strip().splitlines()
                 self.error = f"{type(e).__name__}: {lines[0] if lines else 'no message'}"
         return self.module

@@ -1,0 +1,34 @@
+"""A C++ extension's build stopped midway (Ctrl-C, a kill) leaves PyTorch's build lock file in
+its folder, and PyTorch's loader waits for that file to go away, forever: the next load must
+take the module all the same."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from processes import LIMIT_S
+
+from msa.kernels import ggml_blocks
+
+LOAD = (
+    "from msa.kernels.cpp_build import CppExtension; "
+    "e = CppExtension('msa_ggml_blocks', ['ggml_blocks.cpp']); "
+    "print(e.load() is not None, e.error)"
+)
+
+
+def test_a_lock_left_by_a_stopped_build_does_not_hold_up_the_next_load():
+    extension = ggml_blocks._EXTENSION
+    if extension.load() is None:
+        pytest.skip(f"no C++ build on this machine: {extension.error}")
+    _, _, folder = extension._target()
+    (folder / "lock").touch()  # as a build killed midway leaves it
+    # a new process, as the next `msa` is: a hang runs into the limit and fails the test
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=LIMIT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None"]
+    assert not (folder / "lock").exists()
