@@ -22,7 +22,9 @@ from .cpu_features import cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
 AVX512 = {"avx512f", "avx512bw", "avx512vl"}
-# how long a process waits for another one's build of the same module (under a minute as a rule)
+# builds of a module take turns under this lock, in its build folder; how long a process waits
+# for another one's build (under a minute as a rule)
+BUILD_LOCK = "msa-build.lock"
 BUILD_WAIT_S = 1800
 
 
@@ -112,7 +114,7 @@ class CppExtension:
                 # kill) leaves behind, and every later load then waits on it forever. Builds
                 # take turns under a lock the OS lets go of when its process ends; whoever
                 # holds it is the only builder, so a PyTorch lock found then is a dead one's.
-                with filelock.FileLock(folder / "msa-build.lock", timeout=BUILD_WAIT_S):
+                with filelock.FileLock(folder / BUILD_LOCK, timeout=BUILD_WAIT_S):
                     (folder / "lock").unlink(missing_ok=True)
                     self.module = load(
                         name=name,

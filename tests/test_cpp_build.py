@@ -7,10 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import filelock
 import pytest
 from processes import LIMIT_S
 
 from msa.kernels import ggml_blocks
+from msa.kernels.cpp_build import BUILD_LOCK
 
 LOAD = (
     "from msa.kernels.cpp_build import CppExtension; "
@@ -24,7 +26,8 @@ def test_a_lock_left_by_a_stopped_build_does_not_hold_up_the_next_load():
     if extension.load() is None:
         pytest.skip(f"no C++ build on this machine: {extension.error}")
     _, _, folder = extension._target()
-    (folder / "lock").touch()  # as a build killed midway leaves it
+    with filelock.FileLock(folder / BUILD_LOCK):  # no other test's load under way meanwhile
+        (folder / "lock").touch()  # as a build killed midway leaves it
     # a new process, as the next `msa` is: a hang runs into the limit and fails the test
     done = subprocess.run(
         [sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=LIMIT_S
