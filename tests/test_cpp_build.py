@@ -15,8 +15,7 @@ from msa.kernels import ggml_blocks
 from msa.kernels.cpp_build import BUILD_LOCK
 
 LOAD = (
-    "from msa.kernels.cpp_build import CppExtension; "
-    "e = CppExtension('msa_ggml_blocks', ['ggml_blocks.cpp']); "
+    "from msa.kernels import ggml_blocks; e = ggml_blocks._EXTENSION; "
     "print(e.load() is not None, e.error)"
 )
 
