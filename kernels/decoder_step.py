@@ -155,6 +155,7 @@ class DecoderStep:
         scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
         answer_blocks: list[list[int]] | None = None,
         follow_blocks=None,
+        copy_blocks=None,
         follow_weight: float | None = None,
     ) -> torch.Tensor:
         """x [hidden] fp32 -> the last layer's output (x itself, updated in place). cos, sin:
@@ -165,7 +166,9 @@ class DecoderStep:
         (ascending; msa.models' msa_decode.with_answer_blocks). `follow_blocks(layer,
         block_ids)` is told, for each MSA layer where a query head's attention peaked on the last
         token of a far block with at least `follow_weight` of it, the blocks after those
-        (msa_decode.blocks_after_peaks).
+        (msa_decode.blocks_after_peaks); `copy_blocks(layer, block_ids)`, for each MSA layer
+        where a query head's attention peaked so on any token of a far block past the sink,
+        those blocks (msa_decode.blocks_copied_from). Both are told in layer order.
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -176,7 +179,7 @@ class DecoderStep:
         windows, softcap = settings.window_list(len(keys)), settings.softcap or 0.0
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
-            stopped, missing, shared, followed = self._stack.step(
+            stopped, missing, shared, followed, copied = self._stack.step(
                 x,
                 keys,
                 values,
@@ -189,15 +192,17 @@ class DecoderStep:
                 args,
                 windows,
                 softcap,
-                2.0 if follow_blocks is None else follow_weight,  # 2: no weight is so high
+                # 2: no weight is so high, no peak is found
+                2.0 if follow_blocks is None and copy_blocks is None else follow_weight,
                 first,
                 shared,
                 answer_blocks or [],
             )
-            if follow_blocks is not None:
-                for layer, blocks in enumerate(followed):
-                    if blocks:
-                        follow_blocks(layer, blocks)
+            for layer, (after, copied_from) in enumerate(zip(followed, copied)):
+                if after and follow_blocks is not None:
+                    follow_blocks(layer, after)
+                if copied_from and copy_blocks is not None:
+                    copy_blocks(layer, copied_from)
             if stopped < 0:
                 return x
             if load_blocks is None:

@@ -76,6 +76,7 @@ def decoder_step_reference(
     inv_freq=None,
     answer_blocks=None,
     followed: list | None = None,
+    copied: list | None = None,
     follow_weight: float | None = None,
 ) -> torch.Tensor:
     """The definition: returns the new x [hidden] and writes K/V at `pos` (x is not modified),
@@ -93,9 +94,10 @@ def decoder_step_reference(
     are blocks it reads besides its own choice where they lie before its local window.
     `followed`, where given, gets per layer the blocks after the far blocks on whose last token a
     query head's attention peaks (the first peak) with at least `follow_weight` of it ([] where
-    the layer read no far block)."""
-    if followed is not None and follow_weight is None:
-        raise ValueError("followed needs a follow_weight")
+    the layer read no far block); `copied`, per layer, the far blocks past the sink on one of
+    whose tokens a query head's attention peaks so."""
+    if (followed is not None or copied is not None) and follow_weight is None:
+        raise ValueError("followed and copied need a follow_weight")
     x = x.clone()
     d = cos.shape[-1]
     cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
@@ -152,13 +154,15 @@ def decoder_step_reference(
                 for hd in range(n_heads)
             ]
         )  # [Hq, D]
+        far = [[] for _ in range(n_kv_heads)]
+        if window is None and pos >= settings.sparse_from:
+            far = [blocks[:n_far] for blocks, n_far, *_ in chosen]
+        b = settings.block_size
+        peaks = _far_peaks(weights, keys_of, far, group, b, follow_weight)
         if followed is not None:
-            far = [[] for _ in range(n_kv_heads)]
-            if window is None and pos >= settings.sparse_from:
-                far = [blocks[:n_far] for blocks, n_far, *_ in chosen]
-            followed.append(
-                _after_peaks(weights, keys_of, far, group, settings.block_size, follow_weight)
-            )
+            followed.append(sorted({t // b + 1 for t in peaks if t % b == b - 1}))
+        if copied is not None:
+            copied.append(sorted({t // b for t in peaks if t // b >= settings.sink_blocks}))
         x = x + _out_norm(linear_reference(spec["o"], attn.reshape(-1)), spec, "attn", eps)
         h = F.rms_norm(x, x.shape, spec["norm_post"], eps)
         gate, up = group_reference(spec, "gate_up", ("gate", "up"), h).chunk(2)
@@ -231,15 +235,17 @@ def _with_answer(chosen, answer, pos: int, s: StepSettings):
     return far + blocks[n_far:], len(far), None
 
 
-def _after_peaks(weights, keys_of, far, group: int, b: int, least: float) -> list[int]:
-    """The blocks after the far blocks (per KV head) that hold a query head's first largest
-    weight at their last token, where it is at least `least`, ascending."""
-    out = set()
+def _far_peaks(weights, keys_of, far, group: int, b: int, least: float | None) -> list[int]:
+    """The tokens of the far blocks (per KV head) that hold a query head's first largest weight,
+    where it is at least `least` (None: none looked for)."""
+    if least is None:
+        return []
+    tokens = []
     for hd, row in enumerate(weights):
         token = int(keys_of[hd // group][int(row.argmax())])
-        if row.max() >= least and token % b == b - 1 and token // b in far[hd // group]:
-            out.add(token // b + 1)
-    return sorted(out)
+        if row.max() >= least and token // b in far[hd // group]:
+            tokens.append(token)
+    return tokens
 
 
 def _read(k_head, blocks, n_far, pos: int, s: StepSettings, inv_freq):

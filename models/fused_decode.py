@@ -195,8 +195,9 @@ class FusedDecode:
                 absent=cache.absent_blocks,
                 load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
                 scales=scales,
-                answer_blocks=[cache.answer.blocks(layer) for layer in range(cache.n_layers)],
+                answer_blocks=[cache.answer.blocks(layer, pos) for layer in range(cache.n_layers)],
                 follow_blocks=lambda layer, ids: cache.answer.follow(layer, ids, plan.topk),
+                copy_blocks=lambda layer, ids: cache.answer.copy_from(ids, pos, plan.topk),
                 follow_weight=FOLLOW_PEAK_WEIGHT,
             )
         cache.advance(1)

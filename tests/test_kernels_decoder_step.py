@@ -116,10 +116,12 @@ def run_both(
     eps=1e-5,
     answer_blocks=None,
     followed=None,
+    copied=None,
 ):
     """(fused x, reference x, fused K/V stores, reference K/V stores) of one step at `pos`;
     `angles`: its cos, sin ([D], or [2, D] for two kinds of layers; None: `angles_of(pos)`).
-    The blocks each path followed on to must agree; `followed`, where given, gets them."""
+    The blocks each path followed on to, and those it copied from, must agree; `followed` and
+    `copied`, where given, get them."""
     layers = layers or make_layers(kind, n_heads, n_kv_heads)
     keys, values = stores(n_kv_heads, dtype=kv_dtype)
     fk, fv = fused_stores or ([k.clone() for k in keys], [v.clone() for v in values])
@@ -142,9 +144,10 @@ def run_both(
         inv_freq=inv_freq(),
         answer_blocks=answer_blocks,
         followed=(want_followed := []),
+        copied=(want_copied := []),
         follow_weight=FOLLOW_WEIGHT,
     )
-    got_followed = {}
+    got_followed, got_copied = {}, {}
     actual = step.step(
         x.clone(),
         fk,
@@ -158,11 +161,15 @@ def run_both(
         load_blocks=load_blocks,
         answer_blocks=answer_blocks,
         follow_blocks=lambda layer, ids: got_followed.setdefault(layer, ids),
+        copy_blocks=lambda layer, ids: got_copied.setdefault(layer, ids),
         follow_weight=FOLLOW_WEIGHT,
     )
     assert got_followed == {layer: ids for layer, ids in enumerate(want_followed) if ids}
+    assert got_copied == {layer: ids for layer, ids in enumerate(want_copied) if ids}
     if followed is not None:
         followed.update(got_followed)
+    if copied is not None:
+        copied.update(got_copied)
     return actual, expected, (fk, fv), (keys, values)
 
 
@@ -253,13 +260,14 @@ def test_the_questions_blocks_are_read_besides_the_steps_own(extension, settings
 @pytest.mark.parametrize("kind", [ds.FP32, ds.INT4])
 def test_steps_follow_on_from_peaks_at_a_far_blocks_end(extension, kind):
     """Where a query head's attention peaks on the last token of a far block (with at least
-    FOLLOW_WEIGHT of it), the step reports the block after it, as the reference finds it
+    FOLLOW_WEIGHT of it), the step reports the block after it, and where it peaks on any token
+    of a far block past the sink, that block (copied from), as the reference finds them
     (run_both asserts they agree at every step): with every candidate far (several pieces of
     work per head, merged) and with top-k."""
-    steps = 0
+    steps = copying = 0
     for settings in (MSA_CASES[0], MSA_CASES[4], MSA_CASES[5]):
         for pos in range(40, CAP, 3):
-            followed = {}
+            followed, copied = {}, {}
             run_both(
                 extension,
                 kind,
@@ -269,11 +277,16 @@ def test_steps_follow_on_from_peaks_at_a_far_blocks_end(extension, kind):
                 settings,
                 summaries(2, settings.block_size),
                 followed=followed,
+                copied=copied,
             )
             steps += bool(followed)
+            copying += bool(copied)
             block = settings.block_size
             assert all(b * block <= pos for ids in followed.values() for b in ids)
-    assert steps >= 10  # the peaks were found, not only their absence agreed
+            assert all(
+                settings.sink_blocks <= b < pos // block for ids in copied.values() for b in ids
+            )
+    assert steps >= 10 and copying >= 10  # the peaks were found, not only their absence agreed
 
 
 def test_msa_ties_go_to_the_lower_block(extension):

@@ -381,11 +381,15 @@ def test_peaks_on_a_far_blocks_last_token_name_the_block_after_it():
     assert blocks_after_peaks(weights, [0, 5, 9, 12, 13], 3, 4) == [6, 10]
 
 
-@pytest.mark.parametrize("tokens,followed", [([95], [6]), ([94], []), ([94, 95], [])])
-def test_a_step_peaking_on_a_far_blocks_end_reads_the_next_block_after_it(tokens, followed):
+@pytest.mark.parametrize(
+    "tokens,followed,copied", [([95], [6], [5]), ([94], [], [5]), ([94, 95], [], [])]
+)
+def test_a_step_peaking_on_a_far_blocks_end_reads_the_next_block_after_it(tokens, followed, copied):
     """Keys planted at `tokens` along KV head 0's first query head: where the step's attention
     peaks on the last token of a far block (95 ends block 5), the steps after it read block 6
-    besides their own, until the next question; two equal peaks (each under half) name none."""
+    besides their own, until the next question; where it peaks on any of its tokens, the block
+    is copied from (every layer's later steps read it); two equal peaks (each under half) name
+    none."""
     n = 300  # the step at 299: block 18, local window 17..18, far blocks at true distances
     cache, rope, _, _ = _cache(n, hkv=2, topk=3, local_blocks=2, bounded_from=10**9)
     q = torch.randn(6, 1, 16)
@@ -396,13 +400,31 @@ def test_a_step_peaking_on_a_far_blocks_end_reads_the_next_block_after_it(tokens
     first = _decode(q, cache, 0, n - 1, rope)
     _, want = _reference_general(q, cache, rope, n, idx=_joined(q, cache, 0, n))
     assert_close(first, want, atol=1e-5, what="the step that peaks")
-    assert cache.answer.blocks(0) == followed
-    far = sorted({*own[:4], *followed})
+    assert cache.answer.blocks(0) == sorted(followed + copied)
+    assert cache.answer.blocks(1, n - 1) == []  # the step's later layers: not yet
+    assert cache.answer.blocks(1, n) == copied  # the next step's: every layer
+    far = sorted({*own[:4], *followed, *copied})
     idx = torch.tensor([*far, 17, 18], dtype=torch.int32).expand(2, -1)[:, None]
     _, want = _reference_general(q, cache, rope, n, idx=idx)
     assert_close(_decode(q, cache, 0, n - 1, rope), want, atol=1e-5, what="the step after it")
     cache.answer.keep_question(0, [2])  # a new question: its blocks, nothing followed yet
     assert cache.answer.blocks(0) == [2]
+
+
+def test_copied_blocks_are_read_from_the_next_step_the_first_up_to_the_limit():
+    cache, _, _, _ = _cache(64, n_layers=2, topk=3)
+    answer = cache.answer
+    answer.keep_question(0, [1, 9])
+    answer.copy_from([4], 100, limit=2)
+    answer.copy_from([6, 4], 101, limit=2)  # 4 again: still copied at 100
+    answer.copy_from([8], 102, limit=2)  # over the limit: the first two stay
+    assert answer.blocks(0, 101) == [1, 4, 9] and answer.blocks(1, 101) == [4]
+    assert answer.blocks(0, 102) == [1, 4, 6, 9] and answer.blocks(1) == [4, 6]
+    answer.keep_question(0, [2])  # a new question: nothing copied for its answer yet
+    assert answer.blocks(0) == [2] and answer.blocks(1) == []
+    answer.copy_from([5], 200, limit=2)
+    answer.forget()
+    assert answer.blocks(1) == []
 
 
 def test_followed_blocks_keep_the_most_recent_up_to_the_limit():

@@ -509,6 +509,23 @@ std::vector<int64_t> blocks_after_peaks(const std::vector<int64_t>& peaks, const
   return out;
 }
 
+// The far blocks past the sink on one of whose tokens a query head's attention peaks (peaks as
+// blocks_after_peaks), ascending: what the step copies from (msa_decode.blocks_copied_from).
+std::vector<int64_t> blocks_copied_from(const std::vector<int64_t>& peaks, const std::vector<Selection>& sel,
+                                        int64_t g, int64_t block_size, int64_t sink_blocks) {
+  std::vector<int64_t> out;
+  for (size_t head = 0; head < peaks.size(); ++head) {
+    if (peaks[head] < 0) continue;
+    const Selection& mine = sel[head / static_cast<size_t>(g)];
+    const int64_t b = peaks[head] / block_size;
+    const auto far_end = mine.blocks.begin() + mine.n_far;
+    if (b >= sink_blocks && std::find(mine.blocks.begin(), far_end, b) != far_end) out.push_back(b);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // The new token's rows x [Hkv, D] written at `pos` of a layer's store [Hkv, cap, D], in the
 // store's type.
 template <typename T>
@@ -634,13 +651,16 @@ class DecoderStack {
   // each kind of layer (row 0: the global layers', row 1: the windowed layers'); windows: per
   // layer, the sliding window (<= 0: none), or empty; softcap: of the attention logits (<= 0:
   // none); answer_blocks: per layer, the answer's blocks (ascending), which an MSA step reads
-  // besides its own choice, or empty. Returns (-1, [], shared, followed) when every layer ran,
-  // or (layer, blocks, shared, followed) when `layer` selected blocks that `absent` marks as not
-  // in the stores yet: x is then as that layer found it; load the blocks and call again from
-  // it, passing `shared` back. followed: per layer, the blocks after the far blocks on whose
+  // besides its own choice, or empty. Returns (-1, [], shared, followed, copied) when every
+  // layer ran, or (layer, blocks, shared, followed, copied) when `layer` selected blocks that
+  // `absent` marks as not in the stores yet: x is then as that layer found it; load the blocks
+  // and call again from it, passing `shared` back. followed: per layer, the blocks after the far blocks on whose
   // last token a query head's attention peaked with at least `peak_weight` of it, ascending
-  // (msa_decode.blocks_after_peaks), for the layers that ran.
-  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::vector<int64_t>>> step(
+  // (msa_decode.blocks_after_peaks), for the layers that ran; copied: per layer, the far blocks
+  // past the sink on one of whose tokens a query head's attention peaked so (blocks_copied_from).
+  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::vector<int64_t>>,
+             std::vector<std::vector<int64_t>>>
+  step(
       at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
       const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
@@ -679,7 +699,7 @@ class DecoderStack {
     std::vector<float> q0(static_cast<size_t>(n_heads_ * d_)), attn(static_cast<size_t>(n_heads_ * d_));
     std::vector<float> gu(static_cast<size_t>(2 * inter_)), delta(static_cast<size_t>(hidden_));
     std::vector<int64_t> peaks(static_cast<size_t>(n_heads_));
-    std::vector<std::vector<int64_t>> followed(layers_.size());
+    std::vector<std::vector<int64_t>> followed(layers_.size()), copied(layers_.size());
     float* xs = x.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     Selection shared;
@@ -770,12 +790,13 @@ class DecoderStack {
           for (int64_t b : head.blocks)
             if (b < n_marked && gone[b] && std::find(missing.begin(), missing.end(), b) == missing.end())
               missing.push_back(b);
-        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared), followed};
+        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared), followed, copied};
         std::vector<std::vector<Segment>> segs;
         for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
         attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data(),
                       peaks.data(), static_cast<float>(peak_weight));
         followed[li] = blocks_after_peaks(peaks, sel, g, s.block_size);
+        copied[li] = blocks_copied_from(peaks, sel, g, s.block_size, s.sink_blocks);
       }
       l.o.apply(attn.data(), delta.data());
       if (l.attn_out_norm.defined()) norm(l, delta.data(), l.attn_out_norm, delta.data(), 1, hidden_);
@@ -798,7 +819,7 @@ class DecoderStack {
       if (l.mlp_out_norm.defined()) norm(l, delta.data(), l.mlp_out_norm, delta.data(), 1, hidden_);
       for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
     }
-    return {-1, {}, flatten(shared, have_shared), followed};
+    return {-1, {}, flatten(shared, have_shared), followed, copied};
   }
 
  private:
