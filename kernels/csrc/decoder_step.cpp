@@ -654,10 +654,11 @@ class DecoderStack {
   // besides its own choice, or empty. Returns (-1, [], shared, followed, copied) when every
   // layer ran, or (layer, blocks, shared, followed, copied) when `layer` selected blocks that
   // `absent` marks as not in the stores yet: x is then as that layer found it; load the blocks
-  // and call again from it, passing `shared` back. followed: per layer, the blocks after the far blocks on whose
-  // last token a query head's attention peaked with at least `peak_weight` of it, ascending
-  // (msa_decode.blocks_after_peaks), for the layers that ran; copied: per layer, the far blocks
-  // past the sink on one of whose tokens a query head's attention peaked so (blocks_copied_from).
+  // and call again from it, passing `shared` back. followed: per layer, the blocks after the
+  // far blocks on whose last token a query head's attention peaked with at least `peak_weight`
+  // of it, ascending (msa_decode.blocks_after_peaks), for the layers that ran; copied: per
+  // layer, the far blocks past the sink on one of whose tokens a query head's attention peaked
+  // so (blocks_copied_from).
   std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::vector<int64_t>>,
              std::vector<std::vector<int64_t>>>
   step(
