@@ -73,11 +73,11 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     )  # the unwritten rest of its own block
     logits[:, :, n_chosen:] = float("-inf")  # unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
-    row = idx[0].tolist()
-    followed = blocks_after_peaks(weights, row, n_far, block_size)
+    row, peaks = idx[0].tolist(), _far_peaks(weights, n_far, block_size)  # one device sync
+    followed = _after(peaks, row, block_size)
     if followed:
         cache.answer.follow(layer, followed, plan.topk)
-    copied = blocks_copied_from(weights, row, n_far, block_size, plan.sink_blocks)
+    copied = _copied(peaks, row, plan.sink_blocks)
     if copied:
         cache.answer.copy_from(copied, q_start, plan.topk)
     out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
@@ -96,13 +96,7 @@ def blocks_after_peaks(
     reading the next block from the step after the peak on, the embedded model's answers held
     the number whole. A head whose attention is spread (no token holds half of it) is not
     copying; there, too, two near-equal peaks would let float rounding decide."""
-    return sorted(
-        {
-            row[slot] + 1
-            for slot, offset in _far_peaks(weights, n_far, block_size)
-            if offset == block_size - 1
-        }
-    )
+    return _after(_far_peaks(weights, n_far, block_size), row, block_size)
 
 
 def blocks_copied_from(
@@ -115,13 +109,17 @@ def blocks_copied_from(
     Measured (README, "Answer quality"): in a haystack of needles only, an answer copied the
     first digits of its number and went on with another needle's, where the layers whose own
     choice and question had lost the needle's block outweighed those that read it."""
-    return sorted(
-        {
-            row[slot]
-            for slot, _ in _far_peaks(weights, n_far, block_size)
-            if row[slot] >= sink_blocks
-        }
-    )
+    return _copied(_far_peaks(weights, n_far, block_size), row, sink_blocks)
+
+
+def _after(peaks: list[tuple[int, int]], row: list[int], block_size: int) -> list[int]:
+    """The blocks after those whose last token holds a peak (`_far_peaks`), ascending."""
+    return sorted({row[slot] + 1 for slot, offset in peaks if offset == block_size - 1})
+
+
+def _copied(peaks: list[tuple[int, int]], row: list[int], sink_blocks: int) -> list[int]:
+    """The blocks past the sink that hold a peak (`_far_peaks`), ascending."""
+    return sorted({row[slot] for slot, _ in peaks if row[slot] >= sink_blocks})
 
 
 def _far_peaks(weights: torch.Tensor, n_far: int, block_size: int) -> list[tuple[int, int]]:
