@@ -45,12 +45,11 @@ def with_defaults(settings: AttentionSettings, defaults: MsaDefaults) -> Attenti
 @dataclass(frozen=True)
 class ModelAttention:
     """What a model fixes about its attention whatever the settings (its `model_attention()`):
-    each layer's sliding window (None: a global layer; (): all global), the soft-cap of its
-    attention logits (Gemma 2), and the context it was trained on (None: unknown)."""
+    each layer's sliding window (None: a global layer; (): all global) and the soft-cap of its
+    attention logits (Gemma 2)."""
 
     windows: tuple[int | None, ...] = ()
     softcap: float | None = None
-    trained_context: int | None = None
 
 
 # Why the plan keeps a soft-capped model dense: MSA's sparse ops compute plain softmax.
@@ -71,9 +70,6 @@ class AttentionPlan:
     windows: tuple[int | None, ...] = ()
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
     dense_reason: str | None = None  # why no query reads selected blocks whatever the settings
-    # the longest distance the model was trained on: the question's wider selection, whose far
-    # blocks sit back to back before its window, stays inside it (inf: unknown, no bound)
-    trained_context: float = math.inf
 
     @classmethod
     def of(
@@ -95,7 +91,6 @@ class AttentionPlan:
             windows=tuple(model.windows),
             softcap=model.softcap,
             dense_reason=dense_reason,
-            trained_context=model.trained_context or math.inf,
         )
 
     def window(self, layer: int) -> int | None:

@@ -99,11 +99,7 @@ class Gemma2(Transformer):
 
     def model_attention(self) -> ModelAttention:
         c = self.config
-        return ModelAttention(
-            windows=c.layer_windows(),
-            softcap=c.attn_logit_softcapping,
-            trained_context=c.max_position_embeddings,
-        )
+        return ModelAttention(windows=c.layer_windows(), softcap=c.attn_logit_softcapping)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(tokens)

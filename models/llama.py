@@ -195,10 +195,8 @@ class Transformer(nn.Module):
         )
 
     def model_attention(self) -> ModelAttention:
-        """What this model fixes about attention: its config's sliding windows, if any, and its
-        trained context."""
-        c = self.config
-        return ModelAttention(windows=c.layer_windows(), trained_context=c.max_position_embeddings)
+        """What this model fixes about attention: its config's sliding windows, if any."""
+        return ModelAttention(windows=self.config.layer_windows())
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] of `tokens` [T] entering the first layer."""

@@ -264,7 +264,6 @@ class MiniMaxM3(Transformer):
             settings=base.settings,
             storage_dir=storage_dir,
             rope=base.rope,
-            model_attention=self.model_attention(),
             index_layers=[i for i, kind in enumerate(c.layer_types) if kind == SPARSE],
             index_head_dim=c.index_head_dim,
         )

@@ -19,17 +19,13 @@ bf16 dot products straight from the cache, far blocks rotated as they are packed
 gathers them in fp32 for PyTorch's fused attention. A single sparse query (a decode step)
 takes msa_decode.py's path instead, which computes the same attention in far fewer operations.
 A chunk of the question reads, in every layer that selects, one set of blocks for all KV heads
-(the union of what they chose, each head choosing QUESTION_TOPKS top-k's worth inside the
-model's trained context), as decode steps do (theirs taken from the heads in turn); a plan's
-selection layer keeps its set for the layers after it. What the question's last query block
-read is kept for the answer's decode steps, its far blocks capped at ANSWER_QUESTION_TOPKS
-top-k's worth.
+(the union of what they chose), as decode steps do (theirs taken from the heads in turn); a
+plan's selection layer keeps its set for the layers after it. What the question's last query
+block read is kept for the answer's decode steps, its far blocks capped at
+ANSWER_QUESTION_TOPKS top-k's worth.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +52,6 @@ PREFILL_QUERY_REDUCE = "pool"
 # the far blocks the question's last query block read (the union over its KV heads: with 8 KV
 # heads, 90 of 128 blocks at 8K tokens, which nearly doubled a step's time).
 ANSWER_QUESTION_TOPKS = 2
-# A chunk of the question selects this many top-k's worth of blocks per KV head: the question is
-# where the model learns what the document holds for it, and its few queries make reading more
-# cheap. With one top-k, Qwen2.5-0.5B answered one of a key's four values at 32K and 128K (its
-# question read the other values' blocks in half its layers); README, "Attention: MSA".
-QUESTION_TOPKS = 4
 
 
 def chunk_attend(
@@ -111,24 +102,12 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
 
     def choose():
         summaries = cache.block_summaries(layer, n_tokens, by_content=True)
-        wide = dataclasses.replace(plan, topk=question_topk(plan, cache.n_kv_heads))
-        return _select(cache.score_frame(q, q_start), q_start, summaries, wide, plan.block_size)
+        return _select(cache.score_frame(q, q_start), q_start, summaries, plan, plan.block_size)
 
     idx = ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
     # the chunk's last query block: where a question ends, the answer begins
     cache.answer.keep_question(layer, _kept_for_the_answer(idx[0, -1], q, q_start, ctx, layer))
     return idx
-
-
-def question_topk(plan, n_kv_heads: int) -> int:
-    """Blocks each KV head of a question chunk selects: QUESTION_TOPKS * topk, fewer where the
-    union over its heads (placed back to back before the chunk's window, with the sink) could
-    reach past the model's trained context; never fewer than top-k."""
-    wide = QUESTION_TOPKS * plan.topk
-    if math.isinf(plan.trained_context):
-        return wide
-    blocks = int(plan.trained_context) // plan.block_size - plan.sink_blocks - plan.local_blocks
-    return max(plan.topk, min(wide, (blocks - 1) // n_kv_heads))
 
 
 def _kept_for_the_answer(last, q, q_start, ctx: ForwardContext, layer: int) -> list[int]:

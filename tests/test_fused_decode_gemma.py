@@ -191,11 +191,3 @@ def test_local_layers_leave_restored_blocks_before_their_window_unread():
         if window is not None:  # the window is the last 32 tokens: blocks 18.. of 16 tokens
             assert absent[layer, : 320 // 16 - 3].all(), f"local layer {layer} read far blocks"
     assert absent[2, 1 : 320 // 16 - 1].any(), "the global layer read blocks it did not select"
-
-
-@pytest.mark.parametrize("make", [_gemma2, _gemma3, _mistral])
-def test_a_models_plan_bounds_the_question_by_its_trained_context(make):
-    """The question's wider selection stays inside the context the model was trained on."""
-    model = make()
-    cache = model.new_cache(capacity=64, settings=AttentionSettings(mode="msa"))
-    assert cache.plan.trained_context == model.config.max_position_embeddings == 4096

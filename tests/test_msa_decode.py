@@ -4,8 +4,6 @@ reference of bounded positions; the selection layer's choice shared with the lay
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from conftest import assert_close
@@ -289,24 +287,22 @@ def test_the_selection_layer_stays_out_of_the_cache_identity():
         AttentionSettings(selection_layer=-1)
 
 
-@pytest.mark.parametrize("question_from", [None, 580, 590])
+@pytest.mark.parametrize("question_from", [None, 280, 290])
 def test_a_question_chunk_shares_the_selection_layers_union(question_from):
-    """A chunk that starts in the question (580: at its start) scores by content, as wide as a
-    question selects, and shares; a document's chunk, or one that starts before the question
-    (590), scores as stored."""
-    n, tq = 600, 20  # the chunk: positions 580..599, two query blocks
+    """A chunk that starts in the question (280: at its start) scores by content and shares;
+    a document's chunk, or one that starts before the question (290), scores as stored."""
+    n, tq = 300, 20  # the chunk: positions 280..299, two query blocks
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=3, topk=3, bounded_from=0, selection_layer=1)
     chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=question_from)
     queries = [torch.randn(6, tq, 16) for _ in range(3)]
     in_question = question_from is not None and question_from <= n - tq
-    wide = dataclasses.replace(cache.plan, topk=4 * 3)
     assert chunk.in_question(n - tq) == in_question
     own = [
         msa._select(
             cache.score_frame(q, n - tq) if in_question else q,
             n - tq,
             cache.block_summaries(layer, n, by_content=in_question),
-            wide if in_question else cache.plan,
+            cache.plan,
             16,
         )
         for layer, q in enumerate(queries)
@@ -321,52 +317,6 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")
     assert union[1].shape[-1] > own[1].shape[-1]  # the heads chose differently
     assert not torch.equal(union[2], union[1])  # layer 2 alone would choose otherwise
-
-
-@pytest.mark.parametrize(
-    "trained_context, per_head",
-    [(None, 4 * 3), (16 * (1 + 1 + 1 + 2 * 5), 5), (16 * 4, 3)],
-)
-def test_a_question_chunk_reads_question_topks_per_head_inside_the_trained_context(
-    trained_context, per_head
-):
-    """Each KV head of a question chunk selects QUESTION_TOPKS top-k's worth of far blocks,
-    fewer where their union (with the sink, the chunk's window and its own block) could reach
-    past the trained context: 11 blocks of 16 hold 2 heads of 5; never fewer than top-k."""
-    assert msa.QUESTION_TOPKS == 4
-    n, tq, topk = 600, 20, 3  # positions 580..599: query blocks 36 and 37
-    cache, rope, _, _ = _cache(n, hkv=2, topk=topk, bounded_from=0)
-    if trained_context is not None:
-        cache.plan = dataclasses.replace(cache.plan, trained_context=trained_context)
-    assert msa.question_topk(cache.plan, 2) == per_head
-    q = torch.randn(6, tq, 16)
-    wide = dataclasses.replace(cache.plan, topk=per_head)
-    own = msa._select(
-        cache.score_frame(q, n - tq), n - tq, cache.block_summaries(0, n, by_content=True), wide, 16
-    )  # [Hkv, 2, sink + per_head + local]: each head's own, as wide as the question's
-    far = own[:, :, 1:-1]
-    assert far.shape[-1] == per_head and bool((far >= 1).all()) and bool((far < 36).all())
-    want = msa._gathered(
-        q, n - tq, cache.k[0][:, :n], cache.v[0][:, :n], _union(own), cache.plan, rope, False
-    )
-    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
-    got = attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
-    assert_close(got, want, atol=1e-5)
-    document = ForwardContext.open(cache, rope, n - tq, tq)  # a document's chunk: top-k
-    assert_close(
-        attend(q, cache.k[0][:, :n], cache.v[0][:, :n], document, 0),
-        msa._gathered(
-            q,
-            n - tq,
-            cache.k[0][:, :n],
-            cache.v[0][:, :n],
-            msa._select(q, n - tq, cache.block_summaries(0, n), cache.plan, 16),
-            cache.plan,
-            rope,
-            False,
-        ),
-        atol=1e-5,
-    )
 
 
 def _union(idx):
@@ -507,8 +457,7 @@ def test_the_answer_keeps_at_most_two_top_ks_of_the_questions_far_blocks():
     kept = cache.answer.question(0)
     limit = msa.ANSWER_QUESTION_TOPKS * topk
     summaries = cache.block_summaries(0, n, by_content=True)
-    wide = dataclasses.replace(cache.plan, topk=4 * topk)  # as a question's chunk selects
-    own = msa._select(cache.score_frame(q, n - tq), n - tq, summaries, wide, 16)
+    own = msa._select(cache.score_frame(q, n - tq), n - tq, summaries, cache.plan, 16)
     read = _union(own)[0, -1]
     far = [b for b in read.tolist() if 1 <= b < 18]
     assert len(far) > limit  # four heads chose more than the cap
@@ -524,11 +473,8 @@ def test_the_answer_keeps_at_most_two_top_ks_of_the_questions_far_blocks():
 
 
 def test_a_question_chunk_keeps_what_its_last_query_block_read():
-    """Within the answer's cap: a trained context of 9 blocks of 16 leaves 2 heads top-k each."""
     n, tq = 300, 20  # positions 280..299: query blocks 17 and 18
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
-    cache.plan = dataclasses.replace(cache.plan, trained_context=16 * 9)
-    assert msa.question_topk(cache.plan, 2) == 3
     queries = [torch.randn(6, tq, 16) for _ in range(2)]
     chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
     for layer, q in enumerate(queries):
@@ -537,7 +483,7 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
             cache.score_frame(q, n - tq),
             n - tq,
             cache.block_summaries(layer, n, by_content=True),
-            cache.plan,  # the trained context leaves the question's chunk top-k
+            cache.plan,
             16,
         )
         last = _union(own)[0, -1]
