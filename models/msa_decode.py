@@ -77,7 +77,7 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     followed = _after(peaks, row, block_size)
     if followed:
         cache.answer.follow(layer, followed, plan.topk)
-    copied = _copied(peaks, row, plan.sink_blocks)
+    copied = blocks_copied_from(peaks, row, plan.sink_blocks)
     if copied:
         cache.answer.copy_from(copied, q_start, plan.topk)
     out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
@@ -99,26 +99,19 @@ def blocks_after_peaks(
     return _after(_far_peaks(weights, n_far, block_size), row, block_size)
 
 
-def blocks_copied_from(
-    weights: torch.Tensor, row: list[int], n_far: int, block_size: int, sink_blocks: int
-) -> list[int]:
-    """The far blocks past the sink on one of whose tokens a query head's attention peaks with
-    at least FOLLOW_PEAK_WEIGHT of it (weights and slots as `blocks_after_peaks`), ascending:
-    what the step copies from. Every layer's later steps read them (AnswerBlocks.copy_from).
-
-    Measured (README, "Answer quality"): in a haystack of needles only, an answer copied the
-    first digits of its number and went on with another needle's, where the layers whose own
-    choice and question had lost the needle's block outweighed those that read it."""
-    return _copied(_far_peaks(weights, n_far, block_size), row, sink_blocks)
-
-
 def _after(peaks: list[tuple[int, int]], row: list[int], block_size: int) -> list[int]:
     """The blocks after those whose last token holds a peak (`_far_peaks`), ascending."""
     return sorted({row[slot] + 1 for slot, offset in peaks if offset == block_size - 1})
 
 
-def _copied(peaks: list[tuple[int, int]], row: list[int], sink_blocks: int) -> list[int]:
-    """The blocks past the sink that hold a peak (`_far_peaks`), ascending."""
+def blocks_copied_from(peaks: list[tuple[int, int]], row: list[int], sink_blocks: int) -> list[int]:
+    """The far blocks past the sink on one of whose tokens a query head's attention peaks with
+    at least FOLLOW_PEAK_WEIGHT of it (`_far_peaks` over a step's slots `row`), ascending: what
+    the step copies from. Every layer's later steps read them (AnswerBlocks.copy_from).
+
+    Measured (README, "Answer quality"): in a haystack of needles only, an answer copied the
+    first digits of its number and went on with another needle's, where the layers whose own
+    choice and question had lost the needle's block outweighed those that read it."""
     return sorted({row[slot] for slot, _ in peaks if row[slot] >= sink_blocks})
 
 
