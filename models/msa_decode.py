@@ -73,8 +73,8 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     )  # the unwritten rest of its own block
     logits[:, :, n_chosen:] = float("-inf")  # unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
-    row, peaks = idx[0].tolist(), _far_peaks(weights, n_far, block_size)  # one device sync
-    followed = _after(peaks, row, block_size)
+    row, peaks = idx[0].tolist(), far_peaks(weights, n_far, block_size)  # one device sync
+    followed = blocks_after_peaks(peaks, row, block_size)
     if followed:
         cache.answer.follow(layer, followed, plan.topk)
     copied = blocks_copied_from(peaks, row, plan.sink_blocks)
@@ -84,29 +84,21 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     return out.view(hq, 1, d).to(q.dtype)
 
 
-def blocks_after_peaks(
-    weights: torch.Tensor, row: list[int], n_far: int, block_size: int
-) -> list[int]:
+def blocks_after_peaks(peaks: list[tuple[int, int]], row: list[int], block_size: int) -> list[int]:
     """The blocks after the far blocks on whose last token a query head's attention peaks with
-    at least FOLLOW_PEAK_WEIGHT of it: weights [Hkv, G, W*B] over a step's slots `row` (blocks,
-    the first n_far far), ascending.
+    at least FOLLOW_PEAK_WEIGHT of it (`far_peaks` over a step's slots `row`), ascending.
 
     Measured (README, "Answer quality"): an answer copying a number that straddles two blocks
     stopped where the first block ends, its next digit in a block the step had not chosen;
     reading the next block from the step after the peak on, the embedded model's answers held
     the number whole. A head whose attention is spread (no token holds half of it) is not
     copying; there, too, two near-equal peaks would let float rounding decide."""
-    return _after(_far_peaks(weights, n_far, block_size), row, block_size)
-
-
-def _after(peaks: list[tuple[int, int]], row: list[int], block_size: int) -> list[int]:
-    """The blocks after those whose last token holds a peak (`_far_peaks`), ascending."""
     return sorted({row[slot] + 1 for slot, offset in peaks if offset == block_size - 1})
 
 
 def blocks_copied_from(peaks: list[tuple[int, int]], row: list[int], sink_blocks: int) -> list[int]:
     """The far blocks past the sink on one of whose tokens a query head's attention peaks with
-    at least FOLLOW_PEAK_WEIGHT of it (`_far_peaks` over a step's slots `row`), ascending: what
+    at least FOLLOW_PEAK_WEIGHT of it (`far_peaks` over a step's slots `row`), ascending: what
     the step copies from. Every layer's later steps read them (AnswerBlocks.copy_from).
 
     Measured (README, "Answer quality"): in a haystack of needles only, an answer copied the
@@ -115,9 +107,10 @@ def blocks_copied_from(peaks: list[tuple[int, int]], row: list[int], sink_blocks
     return sorted({row[slot] for slot, _ in peaks if row[slot] >= sink_blocks})
 
 
-def _far_peaks(weights: torch.Tensor, n_far: int, block_size: int) -> list[tuple[int, int]]:
+def far_peaks(weights: torch.Tensor, n_far: int, block_size: int) -> list[tuple[int, int]]:
     """(slot, offset in its block) of each query head's largest weight where it is at least
-    FOLLOW_PEAK_WEIGHT and lies in one of the n_far far slots."""
+    FOLLOW_PEAK_WEIGHT and lies in one of the n_far far slots: weights [Hkv, G, W*B] over a
+    step's W slots of B tokens."""
     peak, top = weights.flatten(0, 1).max(dim=-1)  # each query head's: weight, slot * B + offset
     return [
         (t // block_size, t % block_size)

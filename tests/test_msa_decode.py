@@ -19,7 +19,9 @@ from msa.models.layers import RotaryEmbedding, apply_rope
 from msa.models.msa_decode import (
     FOLLOW_PEAK_WEIGHT,
     blocks_after_peaks,
+    blocks_copied_from,
     decode_attend,
+    far_peaks,
     heads_in_turn,
     ranked_blocks,
 )
@@ -360,10 +362,11 @@ def test_a_step_reads_the_questions_blocks_besides_its_own(bounded_from):
     assert (got - alone).abs().max() > 1e-3
 
 
-def test_peaks_on_a_far_blocks_last_token_name_the_block_after_it():
-    """Slots [0, 5, 9 | 12, 13] of 4 tokens, the first three far: a head holding at least half
-    its attention on the last token of a far block names the block after it; a spread peak, a
-    peak on another token, or on a block of the local window names none."""
+def test_peaks_on_a_far_block_name_it_and_on_its_last_token_the_block_after_it():
+    """Slots [0, 5, 9 | 12, 13] of 4 tokens, the first three far (block 0 the sink): a head
+    holding at least half its attention on a far block past the sink names it as copied from,
+    on its last token the block after it too; a spread peak, or one on the local window, names
+    none."""
     weights = torch.zeros(2, 3, 20)
 
     def peak(head, slot, offset, weight):
@@ -376,9 +379,13 @@ def test_peaks_on_a_far_blocks_last_token_name_the_block_after_it():
     peak(1, 2, 3, FOLLOW_PEAK_WEIGHT)  # block 9's, at the least weight: 10
     peak(2, 0, 3, 0.45)  # spread: under half
     peak(3, 3, 3, 0.9)  # block 12: the local window
-    peak(4, 0, 2, 0.9)  # not the block's last token
+    peak(4, 0, 2, 0.9)  # the sink, not its last token
     peak(5, 1, 3, 0.7)  # block 5's again
-    assert blocks_after_peaks(weights, [0, 5, 9, 12, 13], 3, 4) == [6, 10]
+    row = [0, 5, 9, 12, 13]
+    peaks = far_peaks(weights, 3, 4)
+    assert sorted(peaks) == [(0, 2), (1, 3), (1, 3), (2, 3)]
+    assert blocks_after_peaks(peaks, row, 4) == [6, 10]
+    assert blocks_copied_from(peaks, row, sink_blocks=1) == [5, 9]
 
 
 @pytest.mark.parametrize(
