@@ -8,7 +8,7 @@ the model or the cache after the call, apart from the K/V the layers write into 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -46,6 +46,9 @@ class ForwardContext:
     local_sin: torch.Tensor | None = None
     # prefill's attention on bf16 dot products (msa.kernels.attention_bf16); never a decode step's
     bf16_attention: bool = False
+    # far blocks the question's queries found by their peak probabilities in the layers so far,
+    # in the order found (msa.py, `found_by_peaks`); the later layers read them too
+    found: list[int] = field(default_factory=list)
 
     @classmethod
     def open(

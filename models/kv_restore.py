@@ -136,6 +136,28 @@ class RestoredBlocks:
         if len(absent):
             self._load(layer, (absent + lo).tolist())
 
+    def keys_of(self, layer: int, start: int, end: int) -> torch.Tensor:
+        """The keys of tokens [start, end) of `layer` [Hkv, end - start, D], as stored, without
+        copying restored blocks in: those are read from their tensors (a scan over a whole
+        document's keys, msa.py's `found_by_peaks`, then neither copies in nor reads its values)."""
+        keys = self.k[layer][:, start:end]
+        if not self._restored or end <= start:
+            return keys
+        lo, hi = start // self.block_size, -(-end // self.block_size)
+        absent = (self._absent[layer, lo:hi].nonzero().flatten() + lo).tolist()
+        if not absent:
+            return keys
+        keys = keys.clone()
+        for index in absent:
+            block = self._restored[index]
+            first = index * self.block_size
+            rows = block["k"][layer]
+            if self.int8:
+                rows = dequantize_rows(rows, block["k_scale"][layer], self.kv_dtype)
+            a, b = max(first, start), min(first + rows.shape[1], end)
+            keys[:, a - start : b - start] = rows[:, a - first : b - first]
+        return keys
+
     def load_blocks(self, layer: int, block_idx: torch.Tensor) -> None:
         """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none)
         that are absent."""

@@ -304,3 +304,26 @@ def test_a_bf16_model_reads_fp16_kv_in_fp32(mode):
         logits = model(tokens, cache, all_logits=True)
         out[kv_dtype] = torch.cat([logits, model(torch.tensor([4]), cache)[None]]).float()
     assert_close(out["fp16"], out["fp32"], atol=0.05 * float(out["fp32"].abs().max()), what=mode)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int8"])
+def test_keys_of_restored_blocks_are_read_without_copying_them_in(kv_dtype):
+    """`keys_of` gives the keys a copy-in would (int8 ones dequantized), over any span, and
+    leaves every restored block unread."""
+    from msa.models.attention_settings import AttentionSettings
+
+    model = tiny_model()
+    settings = AttentionSettings(mode="dense", kv_dtype=kv_dtype)
+    tokens = torch.randint(0, model.config.vocab_size, (40,))
+    cache = model.new_cache(settings=settings)
+    model(tokens, cache)
+    restored = model.new_cache(settings=settings)
+    for b in range(3):  # 16 + 16 + 8 tokens
+        restored.import_block(b, cache.export_block(b))
+    unread = restored.unread_blocks
+    for start, end in [(0, 40), (5, 37), (16, 32)]:
+        got = restored.keys_of(1, start, end)
+        assert restored.unread_blocks == unread
+        assert torch.equal(got, cache.fetch(1, start, end)[0])
+    restored.load_blocks(1, torch.tensor([1]))  # a block copied in is read from the store
+    assert torch.equal(restored.keys_of(1, 0, 40), cache.fetch(1, 0, 40)[0])

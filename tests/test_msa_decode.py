@@ -10,6 +10,7 @@ from conftest import assert_close
 from test_msa_attention import _repositioned_reference
 
 from msa.kernels import block_summaries, score_blocks
+from msa.kernels.peaks import peak_probabilities_reference
 from msa.models import msa
 from msa.models.attention import attend
 from msa.models.attention_settings import AttentionSettings
@@ -310,8 +311,9 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
         for layer, q in enumerate(queries)
     ]  # [Hkv, 2, sink + topk + local]
     union = [_union(idx) for idx in own]  # what a question's chunk reads in a selecting layer
+    found = _found_reference(queries[:2], cache, n - tq) if in_question else [[], []]
     for layer, q in enumerate(queries):
-        idx = union[min(layer, 1)] if in_question else own[layer]
+        idx = _with(union[min(layer, 1)], found[min(layer, 1)]) if in_question else own[layer]
         want = msa._gathered(
             q, n - tq, cache.k[layer][:, :n], cache.v[layer][:, :n], idx, cache.plan, rope, False
         )
@@ -319,6 +321,38 @@ def test_a_question_chunk_shares_the_selection_layers_union(question_from):
         assert_close(got, want, atol=1e-5, what=f"layer {layer}")
     assert union[1].shape[-1] > own[1].shape[-1]  # the heads chose differently
     assert not torch.equal(union[2], union[1])  # layer 2 alone would choose otherwise
+
+
+def _found_reference(queries, cache, q_start):
+    """What each layer's question chunk (queries[layer] at q_start) has found through it, from
+    the definition of peak probabilities: the two far blocks with the highest share of some
+    query's attention over the whole blocks before the chunk, where that share is at least
+    msa.FOUND_PEAK, added in order, once."""
+    plan, found, out = cache.plan, [], []
+    b = plan.block_size
+    first_far, window = plan.sink_blocks, q_start // b - plan.local_blocks + 1
+    for layer, q in enumerate(queries):
+        n_keys = q_start // b * b
+        keys = cache.score_frame(cache.k[layer][:, :n_keys].float(), 0)
+        peaks = peak_probabilities_reference(
+            cache.score_frame(q, q_start) * q.shape[-1] ** -0.5, keys, b
+        ).amax(0)
+        for block in peaks[first_far:window].argsort(descending=True)[:2].tolist():
+            if peaks[first_far + block] >= msa.FOUND_PEAK and first_far + block not in found:
+                found.append(first_far + block)
+        out.append(list(found))
+    return out
+
+
+def _with(idx, blocks):
+    """[Hkv, nq, K] with `blocks` added to each query block's, ascending, -1 padded."""
+    rows = [
+        sorted(set(idx[0, j][idx[0, j] >= 0].tolist()) | set(blocks)) for j in range(idx.shape[1])
+    ]
+    out = torch.full((idx.shape[0], len(rows), max(map(len, rows))), -1, dtype=idx.dtype)
+    for j, row in enumerate(rows):
+        out[:, j, : len(row)] = torch.tensor(row, dtype=idx.dtype)
+    return out
 
 
 def _union(idx):
@@ -484,6 +518,7 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
     queries = [torch.randn(6, tq, 16) for _ in range(2)]
     chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    found = _found_reference(queries, cache, n - tq)
     for layer, q in enumerate(queries):
         attend(q, cache.k[layer][:, :n], cache.v[layer][:, :n], chunk, layer)
         own = msa._select(
@@ -495,6 +530,8 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
         )
         last = _union(own)[0, -1]
         assert cache.answer.question(layer) == last[last >= 0].tolist()
+        assert set(found[layer]) <= set(cache.answer.blocks(0))  # found: read in every layer
+    assert found[1], "no block found: the case does not test finding"
     document = ForwardContext.open(cache, rope, n - tq, tq)  # a chunk forgets, keeps nothing
     assert cache.answer.question(1) == []
     attend(queries[0], cache.k[0][:, :n], cache.v[0][:, :n], document, 0)
@@ -503,3 +540,31 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
     cache.advance(n)
     cache.truncate(n - tq)  # the question is gone
     assert cache.answer.question(0) == []
+
+
+def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_it():
+    """Layer 0's keys spread wide (Quest's bound favours such blocks) but block 7 holds, once, a
+    key along the content of question query 3 of head 0: the chunk reads block 7 besides its
+    own choice, in its own and the later layers, and the answer's steps read it in every layer."""
+    n, tq = 300, 20  # the chunk: positions 280..299
+    cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
+    q = torch.randn(6, tq, 16)
+    content = cache.score_frame(q, n - tq)[0, 3]  # query 3 of head 0 at position 0
+    k_pre = torch.randn(2, n, 16) * 3
+    k_pre[0, 7 * 16 + 5] = 16 * content / content.norm()
+    cos, sin = rope.cos_sin(torch.arange(n))
+    cache.k[0][:, :n] = apply_rope(k_pre, cos, sin)
+    cache.n_summarized = [0, 0]
+    summaries = cache.block_summaries(0, n, by_content=True)
+    own = _union(msa._select(cache.score_frame(q, n - tq), n - tq, summaries, cache.plan, 16))
+    assert 7 not in own.tolist()  # Quest's bound does not choose it
+    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    found = _found_reference([q, torch.randn(6, tq, 16)], cache, n - tq)
+    assert 7 in found[0]
+    got = attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
+    idx = _with(own, found[0])
+    want = msa._gathered(
+        q, n - tq, cache.k[0][:, :n], cache.v[0][:, :n], idx, cache.plan, rope, False
+    )
+    assert_close(got, want, atol=1e-5, what="the question chunk")
+    assert 7 in cache.answer.blocks(1)  # the answer reads it in the next layer too
