@@ -4,7 +4,7 @@ answer keeps what the question found, and the blocks the answer's steps followed
 step was copying from the end of a far block (`msa_decode.blocks_after_peaks`); in every layer,
 the far blocks some layer's step copied from (`msa_decode.blocks_copied_from`), so that a layer
 whose own choice lost the block the answer is copying still reads it, and the far blocks the
-question found by its queries' peak probabilities in some layer (msa.py, `found_by_peaks`).
+question found by its queries' peak probabilities in some layer (question_peaks.py).
 
 A `KVCache` owns one (`cache.answer`): it describes that cache's tokens, and the cache forgets
 it where those tokens change (a prefill chunk, `ForwardContext.open`; a truncation)."""

@@ -47,7 +47,7 @@ class ForwardContext:
     # prefill's attention on bf16 dot products (msa.kernels.attention_bf16); never a decode step's
     bf16_attention: bool = False
     # far blocks the question's queries found by their peak probabilities in the layers so far,
-    # in the order found (msa.py, `found_by_peaks`); the later layers read them too
+    # in the order found (question_peaks.py); the later layers read them too
     found: list[int] = field(default_factory=list)
 
     @classmethod

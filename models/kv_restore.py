@@ -139,7 +139,7 @@ class RestoredBlocks:
     def keys_of(self, layer: int, start: int, end: int) -> torch.Tensor:
         """The keys of tokens [start, end) of `layer` [Hkv, end - start, D], as stored, without
         copying restored blocks in: those are read from their tensors (a scan over a whole
-        document's keys, msa.py's `found_by_peaks`, then neither copies in nor reads its values)."""
+        document's keys, question_peaks.py, then neither copies in nor reads its values)."""
         keys = self.k[layer][:, start:end]
         if not self._restored or end <= start:
             return keys

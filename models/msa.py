@@ -39,12 +39,12 @@ from msa.kernels import (
     sparse_prefill_attention,
 )
 from msa.kernels.attention_bf16 import attention_bf16_blocks
-from msa.kernels.peaks import peak_probabilities
 from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
 from .layers import apply_rope
 from .msa_decode import far_span, heads_in_turn, union_over_heads
+from .question_peaks import found_by_peaks, with_blocks
 
 # How a prefill query block reduces its queries to score key blocks (kernels/scoring.py):
 # "pool" (its mean query) keeps prefill linear; benchmarks/msa_selection.py compares the choices.
@@ -53,12 +53,6 @@ PREFILL_QUERY_REDUCE = "pool"
 # the far blocks the question's last query block read (the union over its KV heads: with 8 KV
 # heads, 90 of 128 blocks at 8K tokens, which nearly doubled a step's time).
 ANSWER_QUESTION_TOPKS = 2
-# A question's query that puts this much of its attention over the document on one token has
-# found something there (`found_by_peaks`): spread evenly over 32K tokens, each would get 3e-5.
-FOUND_PEAK = 0.1
-FOUND_PER_LAYER = 2
-# keys scanned at once by `found_by_peaks`: the logits of a chunk are [Hq * Tq, this] fp32
-PEAK_KEY_CHUNK = 8192
 
 
 def chunk_attend(
@@ -117,49 +111,6 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
     found = found_by_peaks(q, q_start, ctx, layer)
     cache.answer.keep_found(found)  # every layer of the answer reads them
     return with_blocks(idx, found)
-
-
-def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int]:
-    """The far blocks the question chunk q [Hq, Tq, D] at q_start has found through `layer`: in
-    each layer that selects, up to FOUND_PER_LAYER far blocks on one of whose tokens some query of
-    the chunk puts at least FOUND_PEAK of its attention over the blocks before the chunk
-    (`peak_probabilities`, exact, by content), the highest first; at most `topk` in all, the
-    first found kept.
-
-    Measured (benchmarks/README.md, "Answer quality"): in a haystack made of needles, Quest's
-    bound ranked the asked needle's block among ~2,000 no better than chance in 23 of 24 layers,
-    while a few layers' queries put a tenth to a third of their attention on one of its tokens."""
-    plan, cache = ctx.plan, ctx.cache
-    block_size = plan.block_size
-    sink_end, local_start = far_span(q_start + 1, plan, block_size)
-    if plan.reads_shared(layer) or local_start - sink_end <= plan.topk:
-        return ctx.found
-    n_keys = q_start // block_size * block_size  # the whole blocks before the chunk
-    step = PEAK_KEY_CHUNK // block_size * block_size
-    chunks = (
-        cache.score_frame(cache.keys_of(layer, s, min(s + step, n_keys)).float(), s)
-        for s in range(0, n_keys, step)
-    )
-    queries = cache.score_frame(q.float(), q_start) * q.shape[-1] ** -0.5
-    peaks = peak_probabilities(queries, chunks, block_size).amax(0)[sink_end:local_start]
-    best = peaks.topk(FOUND_PER_LAYER)
-    for peak, block in zip(best.values.tolist(), best.indices.tolist()):
-        if peak >= FOUND_PEAK and sink_end + block not in ctx.found and len(ctx.found) < plan.topk:
-            ctx.found.append(sink_end + block)
-    return ctx.found
-
-
-def with_blocks(idx: torch.Tensor, blocks: list[int]) -> torch.Tensor:
-    """A question chunk's selection idx [Hkv, nq, K] (the same for every head, ascending, -1
-    padded) with `blocks` (far blocks, before every query block's local window) added to each
-    query block's, in order: [Hkv, nq, K']."""
-    if not blocks:
-        return idx
-    rows = [sorted(set(row[row >= 0].tolist()).union(blocks)) for row in idx[0].unbind(0)]
-    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
-    for j, row in enumerate(rows):
-        out[:, j, : len(row)] = torch.tensor(row, dtype=idx.dtype)
-    return out
 
 
 def _kept_for_the_answer(last, q, q_start, ctx: ForwardContext, layer: int) -> list[int]:

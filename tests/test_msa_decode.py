@@ -11,7 +11,7 @@ from test_msa_attention import _repositioned_reference
 
 from msa.kernels import block_summaries, score_blocks
 from msa.kernels.peaks import peak_probabilities_reference
-from msa.models import msa
+from msa.models import msa, question_peaks
 from msa.models.attention import attend
 from msa.models.attention_settings import AttentionSettings
 from msa.models.forward import ForwardContext
@@ -327,7 +327,7 @@ def _found_reference(queries, cache, q_start):
     """What each layer's question chunk (queries[layer] at q_start) has found through it, from
     the definition of peak probabilities: the two far blocks with the highest share of some
     query's attention over the whole blocks before the chunk, where that share is at least
-    msa.FOUND_PEAK, added in order, once."""
+    question_peaks.FOUND_PEAK, added in order, once."""
     plan, found, out = cache.plan, [], []
     b = plan.block_size
     first_far, window = plan.sink_blocks, q_start // b - plan.local_blocks + 1
@@ -337,9 +337,9 @@ def _found_reference(queries, cache, q_start):
         peaks = peak_probabilities_reference(
             cache.score_frame(q, q_start) * q.shape[-1] ** -0.5, keys, b
         ).amax(0)
-        for block in peaks[first_far:window].argsort(descending=True)[:2].tolist():
-            if peaks[first_far + block] >= msa.FOUND_PEAK and first_far + block not in found:
-                found.append(first_far + block)
+        for block in (peaks[first_far:window].argsort(descending=True)[:2] + first_far).tolist():
+            if peaks[block] >= question_peaks.FOUND_PEAK and block not in found:
+                found.append(block)
         out.append(list(found))
     return out
 
