@@ -17,14 +17,19 @@ from .msa_decode import far_span
 # found something there (`found_by_peaks`): spread evenly over 32K tokens, each would get 3e-5.
 FOUND_PEAK = 0.1
 FOUND_PER_LAYER = 2
-# keys scanned at once by `found_by_peaks`: the logits of a chunk are [Hq * Tq, this] fp32
-PEAK_KEY_CHUNK = 8192
+# The chunk's queries that look, its last ones: a question and the template's few tokens after
+# it (a long question's earlier chunks look with their last ones too), which bounds the scan's
+# cost at this many queries over the document, per layer and chunk.
+PEAK_QUERIES = 128
+# keys scanned at once: the logits of a chunk of keys are [Hq * PEAK_QUERIES, this] fp32
+PEAK_KEY_CHUNK = 4096
 
 
 def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int]:
     """The far blocks the question chunk q [Hq, Tq, D] at q_start has found through `layer`: in
-    each layer that selects, up to FOUND_PER_LAYER far blocks on one of whose tokens some query of
-    the chunk puts at least FOUND_PEAK of its attention over the blocks before the chunk
+    each layer that selects, up to FOUND_PER_LAYER far blocks on one of whose tokens one of the
+    chunk's last PEAK_QUERIES queries puts at least FOUND_PEAK of its attention over the blocks
+    before the chunk
     (`peak_probabilities`, exact, by content), the highest first; at most `topk` in all, the
     first found kept.
 
@@ -42,7 +47,8 @@ def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int
         cache.score_frame(cache.keys_of(layer, s, min(s + step, n_keys)).float(), s)
         for s in range(0, n_keys, step)
     )
-    queries = cache.score_frame(q.float(), q_start) * q.shape[-1] ** -0.5
+    first = max(0, q.shape[1] - PEAK_QUERIES)
+    queries = cache.score_frame(q[:, first:].float(), q_start + first) * q.shape[-1] ** -0.5
     peaks = peak_probabilities(queries, chunks, block_size).amax(0)[sink_end:local_start]
     best = peaks.topk(FOUND_PER_LAYER)
     for peak, block in zip(best.values.tolist(), best.indices.tolist()):

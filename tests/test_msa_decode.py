@@ -542,10 +542,16 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
     assert cache.answer.question(0) == []
 
 
-def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_it():
+@pytest.mark.parametrize("looking", [None, 16])
+def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_it(
+    monkeypatch, looking
+):
     """Layer 0's keys spread wide (Quest's bound favours such blocks) but block 7 holds, once, a
     key along the content of question query 3 of head 0: the chunk reads block 7 besides its
-    own choice, in its own and the later layers, and the answer's steps read it in every layer."""
+    own choice, in its own and the later layers, and the answer's steps read it in every layer;
+    unless only the chunk's last 16 queries look (PEAK_QUERIES), which query 3 is not among."""
+    if looking:
+        monkeypatch.setattr(question_peaks, "PEAK_QUERIES", looking)
     n, tq = 300, 20  # the chunk: positions 280..299
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
     q = torch.randn(6, tq, 16)
@@ -559,6 +565,10 @@ def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_
     own = _union(msa._select(cache.score_frame(q, n - tq), n - tq, summaries, cache.plan, 16))
     assert 7 not in own.tolist()  # Quest's bound does not choose it
     chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    if looking:
+        attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
+        assert 7 not in cache.answer.blocks(1)
+        return
     found = _found_reference([q, torch.randn(6, tq, 16)], cache, n - tq)
     assert 7 in found[0]
     got = attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
