@@ -327,7 +327,7 @@ def _found_reference(queries, cache, q_start):
     """What each layer's question chunk (queries[layer] at q_start) has found through it, from
     the definition of peak probabilities: the two far blocks with the highest share of some
     query's attention over the whole blocks before the chunk, where that share is at least
-    question_peaks.FOUND_PEAK, added in order, once."""
+    question_peaks.FOUND_PEAK, added in order, once, at most top-k in all."""
     plan, found, out = cache.plan, [], []
     b = plan.block_size
     first_far, window = plan.sink_blocks, q_start // b - plan.local_blocks + 1
@@ -339,7 +339,7 @@ def _found_reference(queries, cache, q_start):
         ).amax(0)
         for block in (peaks[first_far:window].argsort(descending=True)[:2] + first_far).tolist():
             if peaks[block] >= question_peaks.FOUND_PEAK and block not in found:
-                found.append(block)
+                found += [block] if len(found) < plan.topk else []
         out.append(list(found))
     return out
 
