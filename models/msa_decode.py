@@ -204,10 +204,15 @@ def union_over_heads(idx: torch.Tensor) -> torch.Tensor:
     """[Hkv, nq, K] -> [Hkv, nq, K']: each query block's blocks chosen by any KV head, the same for
     every head, ascending (far blocks, then the local window: its blocks are the highest), -1
     padded."""
-    rows = [row[row >= 0].unique() for row in idx.unbind(1)]
-    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
+    return rows_for_every_head([row[row >= 0].unique() for row in idx.unbind(1)], idx)
+
+
+def rows_for_every_head(rows: list, like: torch.Tensor) -> torch.Tensor:
+    """Each query block's blocks `rows` (ascending, as lists or tensors) for every KV head of a
+    selection `like` [Hkv, nq, K]: [Hkv, nq, K'] of its dtype, -1 padded."""
+    out = like.new_full((like.shape[0], len(rows), max(len(r) for r in rows)), -1)
     for j, row in enumerate(rows):
-        out[:, j, : len(row)] = row
+        out[:, j, : len(row)] = torch.as_tensor(row, dtype=like.dtype)
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 from msa.kernels.peaks import peak_probabilities
 
 from .forward import ForwardContext
-from .msa_decode import far_span
+from .msa_decode import far_span, rows_for_every_head
 
 # A question's query that puts this much of its attention over the document on one token has
 # found something there (`found_by_peaks`): spread evenly over 32K tokens, each would get 3e-5.
@@ -64,7 +64,4 @@ def with_blocks(idx: torch.Tensor, blocks: list[int]) -> torch.Tensor:
     if not blocks:
         return idx
     rows = [sorted(set(row[row >= 0].tolist()).union(blocks)) for row in idx[0].unbind(0)]
-    out = idx.new_full((idx.shape[0], len(rows), max(len(r) for r in rows)), -1)
-    for j, row in enumerate(rows):
-        out[:, j, : len(row)] = torch.tensor(row, dtype=idx.dtype)
-    return out
+    return rows_for_every_head(rows, idx)
