@@ -144,19 +144,24 @@ class RestoredBlocks:
         if not self._restored or end <= start:
             return keys
         lo, hi = start // self.block_size, -(-end // self.block_size)
-        absent = (self._absent[layer, lo:hi].nonzero().flatten() + lo).tolist()
-        if not absent:
+        absent = self._absent[layer, lo:hi].tolist()
+        if not any(absent):
             return keys
-        keys = keys.clone()
-        for index in absent:
+        pieces = []  # present blocks as views of the store, absent ones' keys as read
+        for index, missing in enumerate(absent, start=lo):
+            a = max(index * self.block_size, start)
+            b = min((index + 1) * self.block_size, end)
+            if not missing:
+                pieces.append(self.k[layer][:, a:b])
+                continue
             block = self._restored[index]
             first = index * self.block_size
-            rows = block["k"][layer]
+            rows = block["k"][layer][:, a - first : b - first]
             if self.int8:
-                rows = dequantize_rows(rows, block["k_scale"][layer], self.kv_dtype)
-            a, b = max(first, start), min(first + rows.shape[1], end)
-            keys[:, a - start : b - start] = rows[:, a - first : b - first]
-        return keys
+                scales = block["k_scale"][layer][:, a - first : b - first]
+                rows = dequantize_rows(rows, scales, self.kv_dtype)
+            pieces.append(rows)
+        return torch.cat(pieces, dim=1)
 
     def load_blocks(self, layer: int, block_idx: torch.Tensor) -> None:
         """Copy in the restored blocks of `layer` listed in `block_idx` (any shape, -1 = none)

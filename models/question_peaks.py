@@ -23,15 +23,17 @@ FOUND_PER_LAYER = 2
 PEAK_QUERIES = 128
 # keys scanned at once: the logits of a chunk of keys are [Hq * PEAK_QUERIES, this] fp32
 PEAK_KEY_CHUNK = 4096
+# a layer's keys, rotated back, are kept for the scan's second pass up to this size (a 512K-token
+# document of Qwen2.5-0.5B, 64K of a Llama-3-8B); longer ones are read twice
+PEAK_KEPT_BYTES = 256 << 20
 
 
 def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int]:
     """The far blocks the question chunk q [Hq, Tq, D] at q_start has found through `layer`: in
     each layer that selects, up to FOUND_PER_LAYER far blocks on one of whose tokens one of the
     chunk's last PEAK_QUERIES queries puts at least FOUND_PEAK of its attention over the blocks
-    before the chunk
-    (`peak_probabilities`, exact, by content), the highest first; at most `topk` in all, the
-    first found kept.
+    before the chunk (`peak_probabilities`, exact, by content), the highest first; at most `topk`
+    in all, the first found kept.
 
     Measured (benchmarks/README.md, "Answer quality"): in a haystack made of needles, Quest's
     bound ranked the asked needle's block among ~2,000 no better than chance in 23 of 24 layers,
@@ -42,19 +44,37 @@ def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int
     if plan.reads_shared(layer) or local_start - sink_end <= plan.topk:
         return ctx.found
     n_keys = q_start // block_size * block_size  # the whole blocks before the chunk
-    step = PEAK_KEY_CHUNK // block_size * block_size
-    chunks = (
-        cache.score_frame(cache.keys_of(layer, s, min(s + step, n_keys)).float(), s)
-        for s in range(0, n_keys, step)
-    )
     first = max(0, q.shape[1] - PEAK_QUERIES)
     queries = cache.score_frame(q[:, first:].float(), q_start + first) * q.shape[-1] ** -0.5
-    peaks = peak_probabilities(queries, chunks, block_size).amax(0)[sink_end:local_start]
+    peaks = peak_probabilities(
+        queries,
+        _content_keys(cache, layer, n_keys, block_size),
+        block_size,
+        blocks=slice(sink_end, local_start),
+        at_least=FOUND_PEAK,
+    ).amax(0)
     best = peaks.topk(FOUND_PER_LAYER)
     for peak, block in zip(best.values.tolist(), best.indices.tolist()):
         if peak >= FOUND_PEAK and sink_end + block not in ctx.found and len(ctx.found) < plan.topk:
             ctx.found.append(sink_end + block)
     return ctx.found
+
+
+def _content_keys(cache, layer: int, n_keys: int, block_size: int):
+    """The keys of tokens [0, n_keys) of `layer` rotated back to position 0, chunk after chunk,
+    as `peak_probabilities` reads them (twice when its screen keeps queries): computed once and
+    kept while they take at most PEAK_KEPT_BYTES, else read and rotated again."""
+    step = PEAK_KEY_CHUNK // block_size * block_size
+
+    def chunks():
+        for s in range(0, n_keys, step):
+            keys = cache.keys_of(layer, s, min(s + step, n_keys)).float()
+            yield cache.score_frame(keys, s)
+
+    if n_keys * cache.n_kv_heads * cache.head_dim * 4 > PEAK_KEPT_BYTES:
+        return chunks
+    kept = list(chunks())
+    return lambda: kept
 
 
 def with_blocks(idx: torch.Tensor, blocks: list[int]) -> torch.Tensor:

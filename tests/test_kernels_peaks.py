@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from msa.kernels import peaks as peaks_module
 from msa.kernels.peaks import peak_probabilities, peak_probabilities_reference
 
 
@@ -13,10 +14,76 @@ def test_peaks_match_the_full_softmax(chunk):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(6, 5, 16, generator=g) * 0.8
     keys = torch.randn(2, 80, 16, generator=g).half()  # 10 blocks of 8, stored as fp16
-    got = peak_probabilities(q, keys.split(chunk, dim=1), 8)
+    got = peak_probabilities(q, lambda: keys.split(chunk, dim=1), 8)
     want = peak_probabilities_reference(q, keys, 8)
     assert got.shape == (2, 10)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    some = peak_probabilities(q, lambda: keys.split(chunk, dim=1), 8, blocks=slice(3, 7))
+    torch.testing.assert_close(some, want[:, 3:7], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+def test_screened_peaks_are_exact_where_they_reach_the_share(monkeypatch, dtype, scale):
+    """With `at_least`, every block whose peak reaches it is given exactly, and every other is
+    0: the screen (products in bf16 or fp32) drops no query that reaches it. Queries of several
+    kinds: spread, matching one planted key, and at `scale` 4 logits of ~±40, where bf16's
+    rounding moves logits by more than a nat and only the slack keeps the bound above."""
+    monkeypatch.setattr(peaks_module, "screen_dtype", lambda device: dtype)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(8, 6, 32, generator=g) * scale / 32**0.5
+    keys = torch.randn(2, 256, 32, generator=g)
+    keys[0, 77] = q[1, 2] * 8  # a key that query (head 1, token 2) finds, in block 9
+    keys[1, 200] = q[6, 0] * 3  # a weaker match, in block 25
+    keys = keys.half()
+    want = peak_probabilities_reference(q, keys, 8)
+    calls = []
+
+    def chunks():
+        calls.append(1)
+        return keys.split(64, dim=1)
+
+    for at_least in (0.02, 0.1, 0.3):
+        calls.clear()
+        got = peak_probabilities(q, chunks, 8, blocks=slice(1, 30), at_least=at_least)
+        reached = want[:, 1:30] >= at_least
+        assert reached.any() and not reached.all()
+        torch.testing.assert_close(got[reached], want[:, 1:30][reached], rtol=1e-5, atol=1e-7)
+        assert (got[~reached] == 0).all()
+        assert len(calls) == 2  # the screen, then the exact pass over the queries kept
+
+
+def test_the_screen_keeps_a_query_that_bf16_rounding_alone_would_drop(monkeypatch):
+    """One query [1.0035, 1] (bf16 rounds 1.0035 down to 1): its match, key [40, 0], has logit
+    40.14, screened as 40.0; 197 blocks of 2 each hold one key of logit 37 (and one of -37).
+    Its peak is 1 / (1 + 197 e^-3.14) = 0.105, screened without slack as 1 / (1 + 197 e^-3) =
+    0.0925: below 0.1, the query would be dropped and the block lost."""
+    monkeypatch.setattr(peaks_module, "screen_dtype", lambda device: torch.bfloat16)
+    q = torch.tensor([[[1.0035, 1.0]]])
+    match = torch.tensor([[40.0, 0.0], [0.0, -37.0]])
+    others = torch.tensor([[0.0, 37.0], [0.0, -37.0]]).repeat(197, 1)
+    keys = torch.cat([others[:200], match, others[200:]])[None].half()  # the match: block 100
+    want = peak_probabilities_reference(q, keys, 2)
+    assert 0.104 < want[0, 100] < 0.106
+    got = peak_probabilities(q, lambda: [keys], 2, at_least=0.1)
+    torch.testing.assert_close(got[0, 100], want[0, 100])
+    assert (got[0, :100] == 0).all() and (got[0, 101:] == 0).all()
+
+
+def test_a_screen_that_keeps_no_query_reads_the_keys_once():
+    """Spread queries (small logits over 512 keys: every share near 1/512) keep none."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(4, 3, 16, generator=g) * 0.05
+    keys = torch.randn(2, 512, 16, generator=g)
+    calls = []
+
+    def chunks():
+        calls.append(1)
+        return keys.split(128, dim=1)
+
+    got = peak_probabilities(q, chunks, 16, blocks=slice(1, 30), at_least=0.1)
+    assert got.shape == (2, 29) and (got == 0).all() and len(calls) == 1
+    assert peak_probabilities_reference(q, keys, 16).max() < 0.1
 
 
 def test_a_query_matching_one_key_peaks_on_its_block_by_its_softmax_share():
@@ -24,11 +91,16 @@ def test_a_query_matching_one_key_peaks_on_its_block_by_its_softmax_share():
     1..3 (logit 0); the peak of block 0 is e^4 / (e^4 + 3), block 1's 1 / (e^4 + 3)."""
     q = torch.tensor([[[1.0, 0.0]]])
     keys = torch.tensor([[[4.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, -1.0]]])
-    got = peak_probabilities(q, [keys], 2)
+    got = peak_probabilities(q, lambda: [keys], 2)
     norm = math.exp(4) + 3
     torch.testing.assert_close(got, torch.tensor([[math.exp(4) / norm, 1 / norm]]))
+    screened = peak_probabilities(q, lambda: [keys], 2, at_least=0.5)
+    torch.testing.assert_close(screened, torch.tensor([[math.exp(4) / norm, 0.0]]))
 
 
 def test_peaks_refuse_keys_that_are_not_whole_blocks():
     with pytest.raises(ValueError, match="whole blocks"):
-        peak_probabilities(torch.randn(2, 1, 4), [torch.randn(1, 10, 4)], 4)
+        peak_probabilities(torch.randn(2, 1, 4), lambda: [torch.randn(1, 10, 4)], 4)
+    with pytest.raises(ValueError, match="whole blocks"):
+        chunks = [torch.randn(1, 8, 4), torch.randn(1, 6, 4)]
+        peak_probabilities(torch.randn(2, 1, 4), lambda: chunks, 4)
