@@ -11,10 +11,11 @@ queries use it; a prefill's and a decode step's selection stay with Quest's boun
 
 Asked only for the peaks of at least some share (`at_least`), it screens first: one pass of
 products at low precision (bf16 where the CPU multiplies it in hardware) keeps each query's
-largest logit per block, and since each block gives a query's softmax denominator at least its
-largest term, the log-sum-exp of those maxima bounds every peak from above, with the products'
-worst rounding error as slack. Most queries spread their attention and are dropped there, with
-no exponential of any logit taken; only the queries kept are scored exactly, in a second pass.
+largest logit per block and its mean; since each block gives a query's softmax denominator at
+least its largest term plus, by Jensen's inequality, its other terms' mean times their number,
+those bound every peak from above, with the products' worst rounding error as slack. Most
+queries spread their attention and are dropped there, with no exponential of any logit taken;
+only the queries kept are scored exactly, in a second pass.
 """
 
 from __future__ import annotations
