@@ -23,8 +23,8 @@ FOUND_PER_LAYER = 2
 PEAK_QUERIES = 128
 # keys scanned at once: the logits of a chunk of keys are [Hq * PEAK_QUERIES, this] fp32
 PEAK_KEY_CHUNK = 4096
-# a layer's keys, rotated back, are kept for the scan's second pass up to this size (a 512K-token
-# document of Qwen2.5-0.5B, 64K of a Llama-3-8B); longer ones are read twice
+# a layer's keys, rotated back, are kept for the scan's second pass up to this size (all of a
+# 512K-token document of Qwen2.5-0.5B, 64K of a Llama-3-8B); the rest are read again
 PEAK_KEPT_BYTES = 256 << 20
 
 
@@ -62,19 +62,25 @@ def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int
 
 def _content_keys(cache, layer: int, n_keys: int, block_size: int):
     """The keys of tokens [0, n_keys) of `layer` rotated back to position 0, chunk after chunk,
-    as `peak_probabilities` reads them (twice when its screen keeps queries): computed once and
-    kept while they take at most PEAK_KEPT_BYTES, else read and rotated again."""
+    as `peak_probabilities` reads them (twice when its screen keeps queries): the first chunks,
+    up to PEAK_KEPT_BYTES, computed once and kept for the second reading, the rest read and
+    rotated again."""
     step = PEAK_KEY_CHUNK // block_size * block_size
+    starts = range(0, n_keys, step)
+    kept: list[torch.Tensor] = []
+    fits = PEAK_KEPT_BYTES // (step * cache.n_kv_heads * cache.head_dim * 4)
 
     def chunks():
-        for s in range(0, n_keys, step):
-            keys = cache.keys_of(layer, s, min(s + step, n_keys)).float()
-            yield cache.score_frame(keys, s)
+        for i, s in enumerate(starts):
+            if i < len(kept):
+                yield kept[i]
+                continue
+            keys = cache.score_frame(cache.keys_of(layer, s, min(s + step, n_keys)).float(), s)
+            if len(kept) < fits and i == len(kept):
+                kept.append(keys)
+            yield keys
 
-    if n_keys * cache.n_kv_heads * cache.head_dim * 4 > PEAK_KEPT_BYTES:
-        return chunks
-    kept = list(chunks())
-    return lambda: kept
+    return chunks
 
 
 def with_blocks(idx: torch.Tensor, blocks: list[int]) -> torch.Tensor:

@@ -542,16 +542,22 @@ def test_a_question_chunk_keeps_what_its_last_query_block_read():
     assert cache.answer.question(0) == []
 
 
+@pytest.mark.parametrize("key_chunk", [None, 64])
 @pytest.mark.parametrize("looking", [None, 16])
 def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_it(
-    monkeypatch, looking
+    monkeypatch, looking, key_chunk
 ):
     """Layer 0's keys spread wide (Quest's bound favours such blocks) but block 7 holds, once, a
     key along the content of question query 3 of head 0: the chunk reads block 7 besides its
     own choice, in its own and the later layers, and the answer's steps read it in every layer;
-    unless only the chunk's last 16 queries look (PEAK_QUERIES), which query 3 is not among."""
+    unless only the chunk's last 16 queries look (PEAK_QUERIES), which query 3 is not among.
+    With `key_chunk`, the scan reads the keys in chunks of 64, of which it keeps only the first
+    two for its exact pass (PEAK_KEPT_BYTES) and reads the other three again."""
     if looking:
         monkeypatch.setattr(question_peaks, "PEAK_QUERIES", looking)
+    if key_chunk:
+        monkeypatch.setattr(question_peaks, "PEAK_KEY_CHUNK", key_chunk)
+        monkeypatch.setattr(question_peaks, "PEAK_KEPT_BYTES", 2 * key_chunk * 2 * 16 * 4)
     n, tq = 300, 20  # the chunk: positions 280..299
     cache, rope, _, _ = _cache(n, hkv=2, n_layers=2, topk=3, bounded_from=0)
     q = torch.randn(6, tq, 16)
