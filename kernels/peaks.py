@@ -122,11 +122,12 @@ def _log_peak_bounds(
     for keys in chunks:
         _check_chunk(queries, keys, block_size)
         keys = keys.float()
+        low_k, high_k = torch.aminmax(keys, dim=1)  # [Hkv, D] each
         if center is None:
-            center = (keys.amax(1, keepdim=True) + keys.amin(1, keepdim=True)) / 2
-        keys = keys - center  # [Hkv, n_i, D]
-        far = keys.abs().amax(1)  # [Hkv, D]
+            center = ((low_k + high_k) / 2)[:, None]
+        far = torch.maximum(high_k - center[:, 0], center[:, 0] - low_k)  # largest |k - c|
         reach = far if reach is None else torch.maximum(reach, far)
+        keys = keys - center  # [Hkv, n_i, D]
         # keys by queries: a block's maximum is then over rows, several times faster than over
         # the last dimension in bf16
         logits = keys.to(dtype) @ low  # [Hkv, n_i, M]

@@ -167,8 +167,32 @@ class RotaryEmbedding:
     def rotate_back(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x [..., T, D] rotated at positions start..start+T-1, rotated back to position 0 (an
         attention factor stays)."""
-        cos, sin = self._rotation_range(start, x.shape[-2])
-        return apply_rope(x, cos, -sin)
+        n, half = x.shape[-2], self.inv_freq.shape[0]  # the angles: a table's first half
+        if start + n <= self.span or n > self.span:
+            cos, sin = (t[:, :half] for t in self._rotation_range(start, n))
+        else:  # the angle-sum rule from the first position's row: no gather of n rows
+            cos_first, sin_first = (t[:, :half] for t in self.cos_sin(torch.tensor([start])))
+            cos_j, sin_j = self._low[0][:n, :half], self._low[1][:n, :half]
+            cos = cos_first * cos_j - sin_first * sin_j
+            sin = sin_first * cos_j + cos_first * sin_j
+        return _rotated_back(x, cos, sin)
+
+
+def _rotated_back(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope(x, cos', -sin') for x [..., T, D], where cos, sin [T, R/2] are the first halves
+    of cos', sin' (the second halves are the same angles), written half by half into one fp32
+    tensor: about a third of the passes over memory that concatenating the rotated halves takes
+    (a question's scan rotates a whole document's keys back, question_peaks.py)."""
+    half = cos.shape[-1]
+    rotated = 2 * half
+    xf = x.float()
+    out = torch.empty(xf.shape, dtype=torch.float32, device=x.device)
+    first, second = xf[..., :half], xf[..., half:rotated]
+    torch.mul(first, cos, out=out[..., :half]).addcmul_(second, sin)
+    torch.mul(second, cos, out=out[..., half:rotated]).addcmul_(first, sin, value=-1)
+    if rotated < x.shape[-1]:
+        out[..., rotated:] = xf[..., rotated:]
+    return out.to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
