@@ -1,0 +1,119 @@
+"""What a question's scan costs (models/question_peaks.py): one layer of it, by document length.
+
+In each layer that selects, a question chunk's queries score every block of the document
+exactly (kernels/peaks.py). This times one layer on synthetic keys laid out as a restored
+prefix cache holds them (fp16, one tensor per 64-token block, read in chunks of
+PEAK_KEY_CHUNK tokens and rotated back to position 0), for a model's attention shape, three
+ways: the keys' reading and rotation alone; the scan as msa runs it (`at_least` FOUND_PEAK: the
+screen, then the exact pass over the queries it keeps); and every query scored exactly. One
+query per KV head matches one planted key, so the exact pass runs, as it does in the layers
+where a question finds something. The question's cost is about the layers times the scan.
+
+    python benchmarks/question_scan.py [--lengths 32k,128k,1m] [--question 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from msa.kernels.peaks import peak_probabilities
+from msa.models.layers import RotaryEmbedding
+from msa.models.question_peaks import FOUND_PEAK, PEAK_KEPT_BYTES, PEAK_KEY_CHUNK
+
+BLOCK = 64
+# name: (KV heads, query heads, head dim, layers, RoPE base)
+SHAPES = {
+    "SmolLM2-135M": (3, 9, 64, 30, 100_000.0),
+    "Qwen2.5-0.5B": (2, 14, 64, 24, 1_000_000.0),
+}
+
+
+def tokens(text: str) -> int:
+    scale = {"k": 1024, "m": 1024 * 1024}.get(text[-1].lower(), 1)
+    return int(float(text.rstrip("kKmM")) * scale)
+
+
+def one_layer(shape, n: int, question: int, reps: int) -> dict:
+    hkv, hq, d, _, base = shape
+    g = torch.Generator().manual_seed(n)
+    rope = RotaryEmbedding(d, base)
+    q = torch.randn(hq, question, d, generator=g) * d**-0.5
+    blocks = [torch.randn(hkv, BLOCK, d, generator=g).half() for _ in range(n // BLOCK)]
+    for h in range(hkv):  # query 0 of each KV group finds one key, a third of the way in
+        blocks[len(blocks) // 3][h, 5] = (q[h * (hq // hkv), 0] * 4 * d**0.5).half()
+    step = PEAK_KEY_CHUNK
+    fits = PEAK_KEPT_BYTES // (step * hkv * d * 4)
+
+    def content(start: int) -> torch.Tensor:
+        keys = torch.cat(blocks[start // BLOCK : (start + step) // BLOCK], dim=1).float()
+        return rope.rotate_back(keys, start)
+
+    def key_chunks():  # as question_peaks reads them: the first chunks kept for the exact pass
+        kept = []
+
+        def chunks():
+            for i, s in enumerate(range(0, n, step)):
+                if i < len(kept):
+                    yield kept[i]
+                    continue
+                keys = content(s)
+                if len(kept) < fits and i == len(kept):
+                    kept.append(keys)
+                yield keys
+
+        return chunks
+
+    far = slice(1, n // BLOCK - 1)
+    runs = {
+        "read and rotate": lambda: [content(s) for s in range(0, n, step)],
+        "scan": lambda: peak_probabilities(q, key_chunks(), BLOCK, blocks=far, at_least=FOUND_PEAK),
+        "exact": lambda: peak_probabilities(q, key_chunks(), BLOCK, blocks=far),
+    }
+    seconds = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, run in runs.items():  # alternating, so load on the machine falls on each
+            t = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - t)
+    return {name: min(s) for name, s in seconds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="32k,128k,1m")
+    parser.add_argument("--question", type=int, default=30, help="the question's tokens")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    print(
+        f"{'shape':14s} {'tokens':>9s} {'read+rotate':>12s} {'scan':>8s} {'exact':>8s}"
+        f" {'scan x layers':>14s}   (seconds, one layer; best of {args.reps})"
+    )
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        for length in args.lengths.split(","):
+            n = tokens(length) // BLOCK * BLOCK
+            s = one_layer(shape, n, args.question, args.reps)
+            row = {"shape": name, "tokens": n, "question": args.question, "layers": shape[3], **s}
+            rows.append(row)
+            print(
+                f"{name:14s} {n:9,d} {s['read and rotate']:12.3f} {s['scan']:8.3f}"
+                f" {s['exact']:8.3f} {s['scan'] * shape[3]:14.1f}",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
