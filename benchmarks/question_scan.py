@@ -2,10 +2,11 @@
 
 In each layer that selects, a question chunk's queries score every block of the document
 exactly (kernels/peaks.py). This times one layer on synthetic keys laid out as a restored
-prefix cache holds them (fp16, one tensor per 64-token block, read in chunks of
-PEAK_KEY_CHUNK tokens and rotated back to position 0), for a model's attention shape, three
-ways: the keys' reading and rotation alone; the scan as msa runs it (`at_least` FOUND_PEAK: the
-screen, then the exact pass over the queries it keeps); and every query scored exactly. One
+prefix cache holds them (fp16, one tensor per 64-token block, read as question_peaks reads them:
+in chunks of PEAK_KEY_CHUNK tokens rotated back to position 0, the first PEAK_KEPT_BYTES kept
+for the exact pass), for a model's attention shape, three ways: the keys' reading and rotation
+alone; the scan as msa runs it (`at_least` FOUND_PEAK: the screen, then the exact pass over the
+queries it keeps); and every query scored exactly. One
 query per KV head matches one planted key, so the exact pass runs, as it does in the layers
 where a question finds something. The question's cost is about the layers times the scan.
 
@@ -23,7 +24,7 @@ import torch
 
 from msa.kernels.peaks import peak_probabilities
 from msa.models.layers import RotaryEmbedding
-from msa.models.question_peaks import FOUND_PEAK, PEAK_KEPT_BYTES, PEAK_KEY_CHUNK
+from msa.models.question_peaks import FOUND_PEAK, _content_keys
 
 BLOCK = 64
 # name: (KV heads, query heads, head dim, layers, RoPE base)
@@ -38,41 +39,38 @@ def tokens(text: str) -> int:
     return int(float(text.rstrip("kKmM")) * scale)
 
 
+class RestoredKeys:
+    """What the scan reads of a KV cache (question_peaks._content_keys): one layer's keys, fp16,
+    one tensor per 64-token block, as a restored prefix cache holds them."""
+
+    def __init__(self, blocks: list[torch.Tensor], rope: RotaryEmbedding):
+        self.blocks, self.rope = blocks, rope
+        self.n_kv_heads, _, self.head_dim = blocks[0].shape
+
+    def keys_of(self, layer: int, start: int, end: int) -> torch.Tensor:
+        return torch.cat(self.blocks[start // BLOCK : end // BLOCK], dim=1)
+
+    def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
+        return self.rope.rotate_back(x, first_position)
+
+
 def one_layer(shape, n: int, question: int, reps: int) -> dict:
     hkv, hq, d, _, base = shape
     g = torch.Generator().manual_seed(n)
-    rope = RotaryEmbedding(d, base)
     q = torch.randn(hq, question, d, generator=g) * d**-0.5
     blocks = [torch.randn(hkv, BLOCK, d, generator=g).half() for _ in range(n // BLOCK)]
     for h in range(hkv):  # query 0 of each KV group finds one key, a third of the way in
         blocks[len(blocks) // 3][h, 5] = (q[h * (hq // hkv), 0] * 4 * d**0.5).half()
-    step = PEAK_KEY_CHUNK
-    fits = PEAK_KEPT_BYTES // (step * hkv * d * 4)
-
-    def content(start: int) -> torch.Tensor:
-        keys = torch.cat(blocks[start // BLOCK : (start + step) // BLOCK], dim=1).float()
-        return rope.rotate_back(keys, start)
-
-    def key_chunks():  # as question_peaks reads them: the first chunks kept for the exact pass
-        kept = []
-
-        def chunks():
-            for i, s in enumerate(range(0, n, step)):
-                if i < len(kept):
-                    yield kept[i]
-                    continue
-                keys = content(s)
-                if len(kept) < fits and i == len(kept):
-                    kept.append(keys)
-                yield keys
-
-        return chunks
-
+    cache = RestoredKeys(blocks, RotaryEmbedding(d, base))
     far = slice(1, n // BLOCK - 1)
     runs = {
-        "read and rotate": lambda: [content(s) for s in range(0, n, step)],
-        "scan": lambda: peak_probabilities(q, key_chunks(), BLOCK, blocks=far, at_least=FOUND_PEAK),
-        "exact": lambda: peak_probabilities(q, key_chunks(), BLOCK, blocks=far),
+        "read and rotate": lambda: list(_content_keys(cache, 0, n, BLOCK)()),
+        "scan": lambda: peak_probabilities(
+            q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far, at_least=FOUND_PEAK
+        ),
+        "exact": lambda: peak_probabilities(
+            q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far
+        ),
     }
     seconds = {name: [] for name in runs}
     for _ in range(reps):
