@@ -49,9 +49,6 @@ def peak_probabilities(
 
     Returns fp32 [Hkv, n_blocks] for the key blocks `blocks` selects: each block's peak, where
     it is at least `at_least`, exactly (to fp32 rounding); 0 where it is below."""
-    check_block_size(block_size)
-    if q.dim() != 3:
-        raise ValueError(f"q [Hq, T, D]: got {tuple(q.shape)}")
     chunks = iter(key_chunks())
     first = next(chunks, None)
     if first is None:
@@ -124,10 +121,10 @@ def _log_peak_bounds(
         keys = keys.float()
         low_k, high_k = torch.aminmax(keys, dim=1)  # [Hkv, D] each
         if center is None:
-            center = ((low_k + high_k) / 2)[:, None]
-        far = torch.maximum(high_k - center[:, 0], center[:, 0] - low_k)  # largest |k - c|
+            center = (low_k + high_k) / 2
+        far = torch.maximum(high_k - center, center - low_k)  # largest |k - c|
         reach = far if reach is None else torch.maximum(reach, far)
-        keys = keys - center  # [Hkv, n_i, D]
+        keys = keys - center[:, None]  # [Hkv, n_i, D]
         # keys by queries: a block's maximum is then over rows, several times faster than over
         # the last dimension in bf16
         logits = keys.to(dtype) @ low  # [Hkv, n_i, M]
