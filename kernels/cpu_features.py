@@ -1,10 +1,12 @@
-"""What this CPU can do, as Linux lists it: the flags of /proc/cpuinfo (empty elsewhere), and
-its model name."""
+"""What this CPU can do, as Linux lists it: the flags of /proc/cpuinfo (empty elsewhere), its
+model name, and whether it multiplies bf16 in hardware."""
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+
+import torch
 
 
 @cache
@@ -33,3 +35,19 @@ def cpu_flags() -> frozenset[str]:
 def cpu_name() -> str:
     """The CPU's model name as /proc/cpuinfo gives it ("" where there is none)."""
     return next((value for key, value in _cpuinfo() if key == "model name"), "")
+
+
+def bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 in hardware: x86 AVX-512 BF16 or AMX, Arm BF16."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def onednn_bf16() -> bool:
+    """Whether PyTorch's bf16 matrix products run on such units here: an x86 CPU with AVX-512
+    BF16 or AMX, through oneDNN (available and enabled). Where this is False, bf16 products are
+    widened to fp32 and gain nothing over fp32's."""
+    return (
+        bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .cpp_build import CppExtension
-from .cpu_features import cpu_flags
+from .cpu_features import onednn_bf16
 
 # GGMLQuantizationType values of the types the kernels read
 TYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -131,12 +131,7 @@ def bf16_fast() -> bool:
     widened to fp32 and gain nothing."""
     if bf16_matrix_units():
         return True
-    return (
-        compiled_extension() is not None
-        and "avx512_bf16" in cpu_flags()
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
-    )
+    return compiled_extension() is not None and onednn_bf16()
 
 
 def quantize_input(x: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ._checks import check_block_size
-from .cpu_features import cpu_flags
+from .cpu_features import onednn_bf16
 
 KeyChunks = Callable[[], Iterable[torch.Tensor]]
 
@@ -152,9 +152,7 @@ def screen_dtype(device: torch.device) -> torch.dtype:
     (AVX-512 BF16 or AMX, through oneDNN), where its GEMM runs about twice as fast as fp32's;
     fp32 elsewhere (a GPU's bf16 GEMM may sum in bf16, which the screen's slack does not
     cover)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return torch.float32
-    return torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else torch.float32
+    return torch.bfloat16 if device.type == "cpu" and onednn_bf16() else torch.float32
 
 
 def peak_probabilities_reference(

@@ -8,7 +8,7 @@ import os
 import torch
 from torch import nn
 
-from msa.kernels.cpu_features import cpu_flags
+from msa.kernels.cpu_features import bf16_units
 
 # int4 layers of a small model may also keep their weights in floating point for prefill (see
 # `prefill_copy_dtype`): on CPUs with bf16 dot-product units a bf16 matmul of a 512-token chunk
@@ -16,11 +16,6 @@ from msa.kernels.cpu_features import cpu_flags
 # matmul still beats it.
 PREFILL_COPY_MAX_BYTES = 1 << 30
 PREFILL_COPY_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "none": None}
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16)."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
@@ -35,7 +30,7 @@ def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
     forced = os.environ.get("MSA_PREFILL_COPY")
     if forced in PREFILL_COPY_DTYPES:
         return PREFILL_COPY_DTYPES[forced]
-    dtype = torch.bfloat16 if native_bf16() else torch.float32
+    dtype = torch.bfloat16 if bf16_units() else torch.float32
     size = dtype.itemsize * n_int4_weights
     return (
         dtype

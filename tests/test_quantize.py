@@ -155,14 +155,14 @@ def test_prefill_copies_where_asked_or_small(monkeypatch):
     monkeypatch.setenv("MSA_PREFILL_COPY", "none")
     assert prefill_copy.prefill_copy_dtype(1000) is None
     monkeypatch.delenv("MSA_PREFILL_COPY")
-    monkeypatch.setattr(prefill_copy, "native_bf16", lambda: True)
+    monkeypatch.setattr(prefill_copy, "bf16_units", lambda: True)
     assert (
         prefill_copy.prefill_copy_dtype(100_000_000) == torch.bfloat16
     )  # the embedded model's size
     assert (
         prefill_copy.prefill_copy_dtype(prefill_copy.PREFILL_COPY_MAX_BYTES) is None
     )  # 2 bytes a weight: too big
-    monkeypatch.setattr(prefill_copy, "native_bf16", lambda: False)
+    monkeypatch.setattr(prefill_copy, "bf16_units", lambda: False)
     assert prefill_copy.prefill_copy_dtype(100_000_000) == torch.float32
     assert (
         prefill_copy.prefill_copy_dtype(prefill_copy.PREFILL_COPY_MAX_BYTES // 2) is None
