@@ -69,10 +69,12 @@ def chunk_attend(
     plan, cache = ctx.plan, ctx.cache
     tq = q.shape[1]
     n_true = plan.n_true_positions(q_start, tq)
+    # a question chunk's scan, once for all its queries, wherever their far blocks sit
+    found = found_by_peaks(q, q_start, ctx, layer) if ctx.in_question(q_start) else None
     parts = []
     if n_true:
         q_true = q[:, :n_true]
-        idx = _chosen(q_true, q_start, ctx, layer)
+        idx = _chosen(q_true, q_start, ctx, layer, found)
         cache.load_blocks(layer, idx)
         if ctx.bf16_attention:
             parts.append(_gathered(q_true, q_start, keys, values, idx, plan, None, bf16=True))
@@ -80,7 +82,7 @@ def chunk_attend(
             parts.append(_sparse(q_true, q_start, keys, values, idx, plan.block_size))
     if n_true < tq:
         q_moved = q[:, n_true:]
-        idx = _chosen(q_moved, q_start + n_true, ctx, layer)
+        idx = _chosen(q_moved, q_start + n_true, ctx, layer, found)
         cache.load_blocks(layer, idx)
         parts.append(
             _gathered(
@@ -90,12 +92,13 @@ def chunk_attend(
     return parts
 
 
-def _chosen(q, q_start, ctx: ForwardContext, layer: int):
+def _chosen(q, q_start, ctx: ForwardContext, layer: int, found: list[int] | None = None):
     """Selected blocks [Hkv, n_qblocks, K] of a chunk. A document's chunk scores blocks as the keys
     are stored, each KV head its own; a chunk of the question (`ctx.question_from`) scores them
     by content and reads the union over KV heads (a selection layer's is read again by the layers
-    after it; msa_decode.py does the same for every decode step). What its last query block
-    reads is kept in the cache for the answer's decode steps (msa_decode.py)."""
+    after it; msa_decode.py does the same for every decode step), besides the blocks its scan
+    `found` (question_peaks.py; None: scanned here). What its last query block reads is kept in
+    the cache for the answer's decode steps (msa_decode.py)."""
     n_tokens = q_start + q.shape[1]
     cache, plan = ctx.cache, ctx.plan
     if not ctx.in_question(q_start):
@@ -108,7 +111,8 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int):
     idx = ctx.select_shared(layer, (q_start, q.shape[1]), choose, union_over_heads)
     # the chunk's last query block: where a question ends, the answer begins
     cache.answer.keep_question(layer, _kept_for_the_answer(idx[0, -1], q, q_start, ctx, layer))
-    found = found_by_peaks(q, q_start, ctx, layer)
+    if found is None:
+        found = found_by_peaks(q, q_start, ctx, layer)
     cache.answer.keep_found(found)  # every layer of the answer reads them
     return with_blocks(idx, found)
 

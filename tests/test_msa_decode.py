@@ -584,3 +584,51 @@ def test_a_question_finds_the_block_its_query_matches_where_quests_bound_misses_
     )
     assert_close(got, want, atol=1e-5, what="the question chunk")
     assert 7 in cache.answer.blocks(1)  # the answer reads it in the next layer too
+
+
+def test_a_question_chunk_across_bounded_from_scans_once_with_all_its_queries(monkeypatch):
+    """A question chunk (280..299) whose first 10 queries read far blocks at true positions and
+    the last 10 at bounded ones: one scan of the document with all 20 queries, which finds block
+    7 through query 3 (of the first part), and both parts read what it found besides their own
+    choices."""
+    n, tq, split = 300, 20, 290
+    cache, rope, _, _ = _cache(n, hkv=2, n_layers=1, topk=3, bounded_from=split)
+    q = torch.randn(6, tq, 16)
+    content = cache.score_frame(q, n - tq)[0, 3]
+    k_pre = torch.randn(2, n, 16) * 3
+    k_pre[0, 7 * 16 + 5] = 16 * content / content.norm()
+    cos, sin = rope.cos_sin(torch.arange(n))
+    cache.k[0][:, :n] = apply_rope(k_pre, cos, sin)
+    cache.n_summarized = [0]
+    scans = []
+    scan = msa.found_by_peaks
+    monkeypatch.setattr(
+        msa, "found_by_peaks", lambda q, *a: scans.append((q.shape[1], a[0])) or scan(q, *a)
+    )
+    found = _found_reference([q], cache, n - tq)[0]
+    assert 7 in found
+    chunk = ForwardContext.open(cache, rope, n - tq, tq, question_from=n - tq)
+    got = attend(q, cache.k[0][:, :n], cache.v[0][:, :n], chunk, 0)
+    assert scans == [(tq, n - tq)]
+    k, v = cache.k[0][:, :n], cache.v[0][:, :n]
+    own = [
+        _union(
+            msa._select(
+                cache.score_frame(part, start),
+                start,
+                cache.block_summaries(0, start + part.shape[1], by_content=True),
+                cache.plan,
+                16,
+            )
+        )
+        for part, start in ((q[:, : split - 280], 280), (q[:, split - 280 :], split))
+    ]
+    assert all(7 not in o.tolist() for o in own)  # Quest's bound does not choose it
+    want = torch.cat(
+        [
+            msa._sparse(q[:, :10], 280, k, v, _with(own[0], found), 16),
+            msa._gathered(q[:, 10:], split, k, v, _with(own[1], found), cache.plan, rope, False),
+        ],
+        dim=1,
+    )
+    assert_close(got, want, atol=1e-5, what="the question chunk across bounded_from")
