@@ -4,9 +4,10 @@ In each layer that selects, a question chunk's queries score every block of the 
 exactly (kernels/peaks.py). This times one layer on synthetic keys laid out as a restored
 prefix cache holds them (fp16, one tensor per 64-token block, read as question_peaks reads them:
 in chunks of PEAK_KEY_CHUNK tokens rotated back to position 0, the first PEAK_KEPT_BYTES kept
-for the exact pass), for a model's attention shape, three ways: the keys' reading and rotation
+for the exact pass), for a model's attention shape, four ways: the keys' reading and rotation
 alone; the scan as msa runs it (`at_least` FOUND_PEAK: the screen, then the exact pass over the
-queries it keeps); and every query scored exactly. One
+queries it keeps), its screen in one pass (kernels/block_maxima.py) where this CPU has AVX-512
+BF16; the same with PyTorch's screen; and every query scored exactly. One
 query per KV head matches one planted key, so the exact pass runs, as it does in the layers
 where a question finds something. The question's cost is about the layers times the scan.
 
@@ -19,9 +20,11 @@ import argparse
 import json
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
+from msa.kernels import block_maxima
 from msa.kernels.peaks import peak_probabilities
 from msa.models.layers import RotaryEmbedding
 from msa.models.question_peaks import FOUND_PEAK, _content_keys
@@ -63,11 +66,20 @@ def one_layer(shape, n: int, question: int, reps: int) -> dict:
         blocks[len(blocks) // 3][h, 5] = (q[h * (hq // hkv), 0] * 4 * d**0.5).half()
     cache = RestoredKeys(blocks, RotaryEmbedding(d, base))
     far = slice(1, n // BLOCK - 1)
+
+    def scan():
+        return peak_probabilities(
+            q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far, at_least=FOUND_PEAK
+        )
+
+    def scan_torch_screen():
+        with mock.patch.object(block_maxima, "serves", return_value=False):
+            return scan()
+
     runs = {
         "read and rotate": lambda: list(_content_keys(cache, 0, n, BLOCK)()),
-        "scan": lambda: peak_probabilities(
-            q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far, at_least=FOUND_PEAK
-        ),
+        "scan": scan,
+        "scan, PyTorch screen": scan_torch_screen,
         "exact": lambda: peak_probabilities(
             q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far
         ),
@@ -94,9 +106,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rows = []
     print(
-        f"{'shape':14s} {'tokens':>9s} {'read+rotate':>12s} {'scan':>8s} {'exact':>8s}"
-        f" {'scan x layers':>14s}   (seconds, one layer; best of {args.reps})"
+        f"{'shape':14s} {'tokens':>9s} {'read+rotate':>12s} {'scan':>8s} {'torch screen':>13s}"
+        f" {'exact':>8s} {'scan x layers':>14s}   (seconds, one layer; best of {args.reps})"
     )
+    if not block_maxima.serves(BLOCK, 64):
+        print("(no AVX-512 BF16 screen kernel here: both scans screen with PyTorch)")
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         for length in args.lengths.split(","):
@@ -106,7 +120,8 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{name:14s} {n:9,d} {s['read and rotate']:12.3f} {s['scan']:8.3f}"
-                f" {s['exact']:8.3f} {s['scan'] * shape[3]:14.1f}",
+                f" {s['scan, PyTorch screen']:13.3f} {s['exact']:8.3f}"
+                f" {s['scan'] * shape[3]:14.1f}",
                 flush=True,
             )
     if args.json:

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from msa.kernels import block_maxima
 from msa.kernels import peaks as peaks_module
 from msa.kernels.peaks import peak_probabilities, peak_probabilities_reference
 
@@ -22,21 +23,41 @@ def test_peaks_match_the_full_softmax(chunk):
     torch.testing.assert_close(some, want[:, 3:7], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("scale", [1.0, 4.0])
-def test_screened_peaks_are_exact_where_they_reach_the_share(monkeypatch, dtype, scale):
-    """With `at_least`, every block whose peak reaches it is given exactly, and every other is
-    0: the screen (products in bf16 or fp32) drops no query that reaches it. Queries of several
-    kinds: spread, matching one planted key, and at `scale` 4 logits of ~±40, where bf16's
-    rounding moves logits by more than a nat and only the slack keeps the bound above."""
+def _screen(monkeypatch, dtype, fused: bool, block_size: int, head_dim: int) -> None:
+    """Screen in `dtype`; in bf16, with block_maxima.py's one-pass kernel (`fused`, skipped
+    where this CPU lacks it) or PyTorch's products."""
     monkeypatch.setattr(peaks_module, "screen_dtype", lambda device: dtype)
+    if not fused:
+        monkeypatch.setattr(block_maxima, "serves", lambda *shape: False)
+    elif not block_maxima.serves(block_size, head_dim):
+        pytest.skip("no AVX-512 BF16 screen kernel here")
+
+
+SCREENS = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False)]
+
+
+@pytest.mark.parametrize(("dtype", "fused"), SCREENS)
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+@pytest.mark.parametrize("block", [8, 16])
+def test_screened_peaks_are_exact_where_they_reach_the_share(
+    monkeypatch, dtype, fused, scale, block
+):
+    """With `at_least`, every block whose peak reaches it is given exactly, and every other is
+    0: the screen (products in bf16, by the kernel or by PyTorch, or in fp32) drops no query
+    that reaches it. Queries of several kinds: spread, matching one planted key, and at `scale`
+    4 logits of ~±40, where bf16's rounding moves logits by more than a nat and only the slack
+    keeps the bound above."""
+    if fused and block % 16:
+        pytest.skip("the kernel takes blocks of a multiple of 16 keys")
+    _screen(monkeypatch, dtype, fused, block, 32)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(8, 6, 32, generator=g) * scale / 32**0.5
-    keys = torch.randn(2, 256, 32, generator=g)
+    keys = torch.randn(2, 32 * block, 32, generator=g)  # 32 blocks
     keys[0, 77] = q[1, 2] * 8  # a key that query (head 1, token 2) finds, in block 9
     keys[1, 200] = q[6, 0] * 3  # a weaker match, in block 25
     keys = keys.half()
-    want = peak_probabilities_reference(q, keys, 8)
+    want = peak_probabilities_reference(q, keys, block)
+    far = slice(1, 30)
     calls = []
 
     def chunks():
@@ -45,27 +66,35 @@ def test_screened_peaks_are_exact_where_they_reach_the_share(monkeypatch, dtype,
 
     for at_least in (0.02, 0.1, 0.3):
         calls.clear()
-        got = peak_probabilities(q, chunks, 8, blocks=slice(1, 30), at_least=at_least)
-        reached = want[:, 1:30] >= at_least
+        got = peak_probabilities(q, chunks, block, blocks=far, at_least=at_least)
+        reached = want[:, far] >= at_least
         assert reached.any() and not reached.all()
-        torch.testing.assert_close(got[reached], want[:, 1:30][reached], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(got[reached], want[:, far][reached], rtol=1e-5, atol=1e-7)
         assert (got[~reached] == 0).all()
         assert len(calls) == 2  # the screen, then the exact pass over the queries kept
 
 
-def test_the_screen_keeps_a_query_that_bf16_rounding_alone_would_drop(monkeypatch):
-    """One query [1.0035, 1] (bf16 rounds 1.0035 down to 1): its match, key [40, 0], has logit
-    40.14, screened as 40.0; 197 blocks of 2 each hold one key of logit 37 (and one of -37).
-    Its peak is 1 / (1 + 197 e^-3.14) = 0.105, screened without slack as 1 / (1 + 197 e^-3) =
-    0.0925: below 0.1, the query would be dropped and the block lost."""
-    monkeypatch.setattr(peaks_module, "screen_dtype", lambda device: torch.bfloat16)
-    q = torch.tensor([[[1.0035, 1.0]]])
-    match = torch.tensor([[40.0, 0.0], [0.0, -37.0]])
-    others = torch.tensor([[0.0, 37.0], [0.0, -37.0]]).repeat(197, 1)
-    keys = torch.cat([others[:200], match, others[200:]])[None].half()  # the match: block 100
-    want = peak_probabilities_reference(q, keys, 2)
+@pytest.mark.parametrize(("block", "fused"), [(2, False), (16, False), (16, True)])
+def test_the_screen_keeps_a_query_that_bf16_rounding_alone_would_drop(monkeypatch, block, fused):
+    """One query [1.0035, 1] (bf16 rounds 1.0035 down to 1; other channels 0): its match, key
+    [40, 0], has logit 40.14, screened as 40.0; 197 blocks each hold one key of logit 37 (the
+    others -37). Its peak is 1 / (1 + 197 e^-3.14) = 0.105, screened without slack as
+    1 / (1 + 197 e^-3) = 0.0925: below 0.1, the query would be dropped and the block lost."""
+    d = 2 if block == 2 else 16
+    _screen(monkeypatch, torch.bfloat16, fused, block, d)
+    q = torch.zeros(1, 1, d)
+    q[0, 0, :2] = torch.tensor([1.0035, 1.0])
+    low, high, match = torch.zeros(3, d)
+    low[1], high[1], match[0] = -37.0, 37.0, 40.0
+    others = torch.cat([high[None], low.expand(block - 1, d)]).repeat(197, 1)
+    # the match: block 100
+    keys = torch.cat(
+        [others[: 100 * block], match[None], low.expand(block - 1, d), others[100 * block :]]
+    )
+    keys = keys[None].half()
+    want = peak_probabilities_reference(q, keys, block)
     assert 0.104 < want[0, 100] < 0.106
-    got = peak_probabilities(q, lambda: [keys], 2, at_least=0.1)
+    got = peak_probabilities(q, lambda: [keys], block, at_least=0.1)
     torch.testing.assert_close(got[0, 100], want[0, 100])
     assert (got[0, :100] == 0).all() and (got[0, 101:] == 0).all()
 

@@ -1,0 +1,76 @@
+"""The screen of a question's scan (peaks.py) in one pass over the keys, on CPUs with AVX-512
+BF16: each query's largest product with each block of keys, and each block's mean key and reach.
+
+peaks.py screens a question's queries with bf16 products: of every key less one vector (the
+center), rounded to bf16, with every bf16 query, summed in fp32, and keeps only each block's
+largest. In PyTorch that is a pass to find the keys' range, one to move them, one to round them,
+a GEMM writing every product and one more to take each block's maximum: at 128K tokens the GEMM
+is a quarter of the time. csrc/block_maxima_bf16.cpp reads each block of fp32 keys once, moves
+and rounds it in registers, multiplies it with the queries (vdpbf16ps) and keeps each query's
+maximum; from the same reading, the block's mean key and each channel's largest distance from
+the center (which bound the screen's rounding).
+
+`block_maxima_reference` is the definition in plain PyTorch the kernel is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cpp_build import AVX512, CppExtension
+from .cpu_features import cpu_flags
+
+_EXTENSION = CppExtension(
+    "msa_block_maxima_bf16", ["block_maxima_bf16.cpp"], off_by="MSA_NO_BF16_SCREEN"
+)
+
+
+def serves(block_size: int, head_dim: int) -> bool:
+    """Whether `block_maxima` computes here: AVX-512 BF16 and the kernel built (off with
+    MSA_NO_BF16_SCREEN=1), blocks of a multiple of 16 keys, heads of a multiple of 16 channels
+    (at most 512)."""
+    if block_size % 16 or head_dim % 16 or head_dim > 512:
+        return False
+    if not {"avx512_bf16"} | AVX512 <= cpu_flags():
+        return False
+    module = _EXTENSION.load()
+    return module is not None and module.built_with_bf16()
+
+
+def block_maxima(
+    q: torch.Tensor, keys: torch.Tensor, center: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [Hkv, M, D] (rounded to bf16), keys fp32 [Hkv, n, D] (n whole blocks), center fp32
+    [Hkv, D]. Returns fp32 (maxima [Hkv, n / B, M]: each query's largest product with a block's
+    keys less center, both rounded to bf16, summed in fp32; means [Hkv, n / B, D]: each block's
+    mean key less center; reach [Hkv, n / B, D]: each block's largest |key - center| per
+    channel)."""
+    return tuple(
+        _EXTENSION.load().block_maxima(
+            q.to(torch.bfloat16).contiguous(),
+            keys if _rows_contiguous(keys) else keys.float().contiguous(),
+            center.float().contiguous(),
+            block_size,
+        )
+    )
+
+
+def _rows_contiguous(keys: torch.Tensor) -> bool:
+    """Whether the kernel reads `keys` in place: fp32, each row's channels one after another."""
+    return (
+        keys.dtype == torch.float32 and keys.stride(-1) == 1 and keys.stride(-2) == keys.shape[-1]
+    )
+
+
+def block_maxima_reference(
+    q: torch.Tensor, keys: torch.Tensor, center: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The definition of `block_maxima`."""
+    hkv, n, d = keys.shape
+    moved = keys.float() - center.float()[:, None]  # [Hkv, n, D]
+    products = moved.bfloat16().float() @ q.bfloat16().float().mT  # [Hkv, n, M]
+    blocks = (hkv, n // block_size, block_size)
+    maxima = products.view(*blocks, -1).amax(2)
+    means = moved.view(*blocks, d).mean(2)
+    reach = moved.abs().view(*blocks, d).amax(2)
+    return maxima, means, reach
