@@ -53,8 +53,8 @@ class RestoredKeys:
     def keys_of(self, layer: int, start: int, end: int) -> torch.Tensor:
         return torch.cat(self.blocks[start // BLOCK : end // BLOCK], dim=1)
 
-    def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
-        return self.rope.rotate_back(x, first_position)
+    def score_frame(self, x: torch.Tensor, first_position: int, dtype=None) -> torch.Tensor:
+        return self.rope.rotate_back(x, first_position, dtype)
 
 
 def one_layer(shape, n: int, question: int, reps: int) -> dict:

@@ -5,7 +5,7 @@ peaks.py screens a question's queries with bf16 products: of every key less one 
 center), rounded to bf16, with every bf16 query, summed in fp32, and keeps only each block's
 largest. In PyTorch that is a pass to find the keys' range, one to move them, one to round them,
 a GEMM writing every product and one more to take each block's maximum: at 128K tokens the GEMM
-is a quarter of the time. csrc/block_maxima_bf16.cpp reads each block of fp32 keys once, moves
+is a quarter of the time. csrc/block_maxima_bf16.h reads each block of fp32 keys once, moves
 and rounds it in registers, multiplies it with the queries (vdpbf16ps) and keeps each query's
 maximum; from the same reading, the block's mean key and each channel's largest distance from
 the center (which bound the screen's rounding).
@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import torch
 
-from .cpp_build import AVX512, CppExtension
+from .cpp_build import AVX512
 from .cpu_features import cpu_flags
-
-_EXTENSION = CppExtension(
-    "msa_block_maxima_bf16", ["block_maxima_bf16.cpp"], off_by="MSA_NO_BF16_SCREEN"
-)
+from .scan_extension import EXTENSION
 
 
 def serves(block_size: int, head_dim: int) -> bool:
     """Whether `block_maxima` computes here: AVX-512 BF16 and the kernel built (off with
-    MSA_NO_BF16_SCREEN=1), blocks of a multiple of 16 keys, heads of a multiple of 16 channels
+    MSA_NO_SCAN_KERNELS=1), blocks of a multiple of 16 keys, heads of a multiple of 16 channels
     (at most 512)."""
     if block_size % 16 or head_dim % 16 or head_dim > 512:
         return False
     if not {"avx512_bf16"} | AVX512 <= cpu_flags():
         return False
-    module = _EXTENSION.load()
+    module = EXTENSION.load()
     return module is not None and module.built_with_bf16()
 
 
@@ -46,7 +43,7 @@ def block_maxima(
     mean key less center; reach [Hkv, n / B, D]: each block's largest |key - center| per
     channel)."""
     return tuple(
-        _EXTENSION.load().block_maxima(
+        EXTENSION.load().block_maxima(
             q.to(torch.bfloat16).contiguous(),
             keys if _rows_contiguous(keys) else keys.float().contiguous(),
             center.float().contiguous(),

@@ -229,13 +229,15 @@ class KVCache(RestoredBlocks):
                 self.block_summaries(layer, n_tokens)
         return self._summary_store[1]
 
-    def score_frame(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
+    def score_frame(
+        self, x: torch.Tensor, first_position: int, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """Keys or queries x [..., T, D] at positions first_position.. as blocks are scored by
         content: rotated back to position 0 when the cache has the model's RoPE, else as they
-        are."""
+        are; in `dtype` (None: x's)."""
         if self.rope is None:
-            return x
-        return self.rope.rotate_back(x, first_position)
+            return x.to(dtype or x.dtype)
+        return self.rope.rotate_back(x, first_position, dtype)
 
     def advance(self, n: int) -> None:
         self.length += n

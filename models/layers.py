@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from msa.kernels import rotary
+
 from .errors import InputTooLongError
 from .ggml_linear import same_input_products
 
@@ -164,23 +166,30 @@ class RotaryEmbedding:
             return cos * self.attention_factor, sin * self.attention_factor
         return cos, sin
 
-    def rotate_back(self, x: torch.Tensor, start: int) -> torch.Tensor:
+    def rotate_back(
+        self, x: torch.Tensor, start: int, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """x [..., T, D] rotated at positions start..start+T-1, rotated back to position 0 (an
-        attention factor stays)."""
+        attention factor stays), in `dtype` (None: x's)."""
         n, half = x.shape[-2], self.inv_freq.shape[0]  # the angles: a table's first half
         if start + n <= self.span or n > self.span:
             cos, sin = (t[:, :half] for t in self._rotation_range(start, n))
+            first = None
         else:  # the angle-sum rule from the first position's row: no gather of n rows
-            cos_first, sin_first = (t[:, :half] for t in self.cos_sin(torch.tensor([start])))
-            cos_j, sin_j = self._low[0][:n, :half], self._low[1][:n, :half]
+            first = tuple(t[:, :half] for t in self.cos_sin(torch.tensor([start])))
+            cos, sin = self._low[0][:n, :half], self._low[1][:n, :half]
+        if rotary.available(x):  # one pass in C++, the angles summed there (kernels/rotary.py)
+            return rotary.rotate_back(x, cos, sin, first).to(dtype or x.dtype)
+        if first:
+            (cos_first, sin_first), cos_j, sin_j = first, cos, sin
             cos = cos_first * cos_j - sin_first * sin_j
             sin = sin_first * cos_j + cos_first * sin_j
-        return _rotated_back(x, cos, sin)
+        return _rotated_back(x, cos, sin).to(dtype or x.dtype)
 
 
 def _rotated_back(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rope(x, cos', -sin') for x [..., T, D], where cos, sin [T, R/2] are the first halves
-    of cos', sin' (the second halves are the same angles), written half by half into one fp32
+    """apply_rope(x, cos', -sin') in fp32 for x [..., T, D], where cos, sin [T, R/2] are the first
+    halves of cos', sin' (the second halves are the same angles), written half by half into one
     tensor: about a third of the passes over memory that concatenating the rotated halves takes
     (a question's scan rotates a whole document's keys back, question_peaks.py)."""
     half = cos.shape[-1]
@@ -192,7 +201,7 @@ def _rotated_back(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     torch.mul(second, cos, out=out[..., half:rotated]).addcmul_(first, sin, value=-1)
     if rotated < x.shape[-1]:
         out[..., rotated:] = xf[..., rotated:]
-    return out.to(x.dtype)
+    return out
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,9 @@ def _content_keys(cache, layer: int, n_keys: int, block_size: int):
             if i < len(kept):
                 yield kept[i]
                 continue
-            keys = cache.score_frame(cache.keys_of(layer, s, min(s + step, n_keys)).float(), s)
+            keys = cache.score_frame(
+                cache.keys_of(layer, s, min(s + step, n_keys)), s, torch.float32
+            )
             if len(kept) < fits and i == len(kept):
                 kept.append(keys)
             yield keys

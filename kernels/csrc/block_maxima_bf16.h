@@ -4,7 +4,9 @@
 // products out; and, from the same reading of the fp32 keys, each block's mean key less center
 // and each channel's largest |key - center| in the block. msa.kernels.block_maxima's
 // `block_maxima_reference` is the definition in plain PyTorch this kernel is tested against.
-#include <torch/extension.h>
+// Included by question_scan.cpp, after torch/extension.h.
+#pragma once
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -20,7 +22,7 @@
 #include "attention_bf16_keys.h"
 #endif
 
-namespace {
+namespace question_scan {
 
 #ifdef MSA_AVX512_BF16
 
@@ -34,7 +36,7 @@ inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
 // One block of B keys (fp32 rows of d channels at `keys`): packed as bf16 pairs for vdpbf16ps
 // ([B / 16][d / 2][16]: for 16 keys, channel pair p of each in lane order), with its mean
 // key less c and each channel's largest |key - c| written to mean[d] and reach[d].
-void pack_block(const float* keys, int64_t row_stride, int64_t block_size, int64_t d, const float* c,
+inline void pack_block(const float* keys, int64_t row_stride, int64_t block_size, int64_t d, const float* c,
                 uint32_t* packed, float* mean, float* reach) {
   const int64_t pairs = d / 2;
   alignas(64) uint16_t bits[512];
@@ -60,7 +62,7 @@ void pack_block(const float* keys, int64_t row_stride, int64_t block_size, int64
 
 // The largest product of each of kRowGroup query rows (bf16 pairs q [kRowGroup][pairs]) with
 // the block's `tiles` tiles of packed keys, into top[kRowGroup].
-void rows_block_max(const uint32_t* q, int64_t pairs, const uint32_t* packed, int64_t tiles, float* top) {
+inline void rows_block_max(const uint32_t* q, int64_t pairs, const uint32_t* packed, int64_t tiles, float* top) {
   __m512 best[kRowGroup];
   for (int64_t r = 0; r < kRowGroup; ++r) best[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t t0 = 0; t0 < tiles; t0 += kTileGroup) {
@@ -84,7 +86,7 @@ void rows_block_max(const uint32_t* q, int64_t pairs, const uint32_t* packed, in
 
 #endif  // MSA_AVX512_BF16
 
-bool built_with_bf16() {
+inline bool built_with_bf16() {
 #ifdef MSA_AVX512_BF16
   return true;
 #else
@@ -96,7 +98,7 @@ bool built_with_bf16() {
 // block_size, itself a multiple of 16; D a multiple of 16, at most 512); center fp32 [Hkv, D]
 // contiguous. Returns (maxima fp32 [Hkv, n / B, M], means fp32 [Hkv, n / B, D], reach fp32
 // [Hkv, n / B, D]).
-std::vector<at::Tensor> block_maxima(at::Tensor q, at::Tensor keys, at::Tensor center, int64_t block_size) {
+inline std::vector<at::Tensor> block_maxima(at::Tensor q, at::Tensor keys, at::Tensor center, int64_t block_size) {
   TORCH_CHECK(built_with_bf16(), "built without AVX-512 BF16");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q: contiguous bf16 [Hkv, M, D]");
   const int64_t hkv = q.size(0), m = q.size(1), d = q.size(2);
@@ -144,13 +146,8 @@ std::vector<at::Tensor> block_maxima(at::Tensor q, at::Tensor keys, at::Tensor c
   return {maxima, means, reach};
 }
 
-}  // namespace
+}  // namespace question_scan
 
 #ifdef MSA_AVX512_BF16
 #pragma GCC pop_options
 #endif
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("block_maxima", &block_maxima, py::call_guard<py::gil_scoped_release>());
-  m.def("built_with_bf16", &built_with_bf16);
-}

@@ -1,0 +1,10 @@
+"""The C++ extension of a question's scan over a document's keys (models/question_peaks.py):
+csrc/question_scan.cpp, with the rotation back to position 0 (csrc/rotate_back.h, rotary.py)
+and the screen's block maxima (csrc/block_maxima_bf16.h, block_maxima.py). One extension, so a
+machine compiles them once, together; MSA_NO_SCAN_KERNELS=1 keeps the scan in PyTorch."""
+
+from __future__ import annotations
+
+from .cpp_build import CppExtension
+
+EXTENSION = CppExtension("msa_question_scan", ["question_scan.cpp"], off_by="MSA_NO_SCAN_KERNELS")
