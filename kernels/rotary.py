@@ -37,6 +37,8 @@ def rotate_back(
     through), or with `first` (cos, sin [1, R/2] of one more angle) by each row's angle plus
     that one, summed in the kernel (no table of the sums is made). Returns fp32 [..., T, D]."""
     shape = x.shape
+    if x.numel() == 0:
+        return x.float()
     rows = x.reshape(-1, shape[-2], shape[-1])
     if rows.stride(-1) != 1 or rows.stride(-2) != shape[-1]:
         rows = rows.contiguous()

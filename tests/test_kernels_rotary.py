@@ -36,3 +36,15 @@ def test_rotate_back_matches_its_definition(dtype, heads, rows, d, half, summed)
     # the same products, fused or not into one rounding: within a few fp32 ulps of |x|
     torch.testing.assert_close(got, want, rtol=0, atol=float(4 * 2**-23 * x.float().abs().max()))
     assert torch.equal(got[..., 2 * half :], x[..., 2 * half :].float())  # passed through
+
+
+def test_rotate_back_of_no_rows_and_of_more_dimensions():
+    cos, sin = torch.ones(0, 4), torch.zeros(0, 4)
+    assert rotary.rotate_back(torch.zeros(2, 0, 8), cos, sin).shape == (2, 0, 8)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, generator=g)  # [batch, heads, T, D]
+    angles = torch.rand(5, 4, generator=g)
+    torch.testing.assert_close(
+        rotary.rotate_back(x, angles.cos(), angles.sin()),
+        rotate_back_reference(x, angles.cos(), angles.sin()),
+    )
