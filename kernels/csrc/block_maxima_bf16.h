@@ -29,7 +29,7 @@ namespace question_scan {
 using attention_bf16::bf16_bits;
 using attention_bf16::kLanes;
 constexpr int64_t kRowGroup = 4;   // query rows whose products are summed in registers at once
-constexpr int64_t kTileGroup = 4;  // tiles of 16 keys read at once for those rows
+constexpr int kTileGroup = 4;  // tiles of 16 keys read at once for those rows
 
 inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
 
@@ -60,26 +60,38 @@ inline void pack_block(const float* keys, int64_t row_stride, int64_t block_size
   for (int64_t ch = 0; ch < d; ch += kLanes) _mm512_storeu_ps(mean + ch, _mm512_mul_ps(_mm512_loadu_ps(mean + ch), inv));
 }
 
+// best[r] = max(best[r], the products of query row r (bf16 pairs q [kRowGroup][pairs]) with NT
+// tiles of packed keys), lane by lane, for kRowGroup rows; NT known when compiled, so that the
+// kRowGroup * NT sums stay in registers.
+template <int NT>
+inline void rows_tiles_max(const uint32_t* q, int64_t pairs, const uint32_t* tiles, __m512* best) {
+  __m512 s[kRowGroup][NT];
+  for (int64_t r = 0; r < kRowGroup; ++r)
+    for (int t = 0; t < NT; ++t) s[r][t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh k[NT];
+    for (int t = 0; t < NT; ++t) k[t] = as_bf16(_mm512_loadu_si512(tiles + (t * pairs + p) * kLanes));
+    for (int64_t r = 0; r < kRowGroup; ++r) {
+      const __m512bh qr = as_bf16(_mm512_set1_epi32(static_cast<int>(q[r * pairs + p])));
+      for (int t = 0; t < NT; ++t) s[r][t] = _mm512_dpbf16_ps(s[r][t], qr, k[t]);
+    }
+  }
+  for (int64_t r = 0; r < kRowGroup; ++r)
+    for (int t = 0; t < NT; ++t) best[r] = _mm512_max_ps(best[r], s[r][t]);
+}
+
 // The largest product of each of kRowGroup query rows (bf16 pairs q [kRowGroup][pairs]) with
 // the block's `tiles` tiles of packed keys, into top[kRowGroup].
 inline void rows_block_max(const uint32_t* q, int64_t pairs, const uint32_t* packed, int64_t tiles, float* top) {
   __m512 best[kRowGroup];
   for (int64_t r = 0; r < kRowGroup; ++r) best[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t0 = 0; t0 < tiles; t0 += kTileGroup) {
-    const int64_t nt = std::min(kTileGroup, tiles - t0);
-    __m512 s[kRowGroup][kTileGroup];
-    for (int64_t r = 0; r < kRowGroup; ++r)
-      for (int64_t t = 0; t < kTileGroup; ++t) s[r][t] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      __m512bh k[kTileGroup];
-      for (int64_t t = 0; t < nt; ++t) k[t] = as_bf16(_mm512_loadu_si512(packed + ((t0 + t) * pairs + p) * kLanes));
-      for (int64_t r = 0; r < kRowGroup; ++r) {
-        const __m512bh qr = as_bf16(_mm512_set1_epi32(static_cast<int>(q[r * pairs + p])));
-        for (int64_t t = 0; t < nt; ++t) s[r][t] = _mm512_dpbf16_ps(s[r][t], qr, k[t]);
-      }
-    }
-    for (int64_t r = 0; r < kRowGroup; ++r)
-      for (int64_t t = 0; t < nt; ++t) best[r] = _mm512_max_ps(best[r], s[r][t]);
+  int64_t t0 = 0;
+  for (; t0 + kTileGroup <= tiles; t0 += kTileGroup) rows_tiles_max<kTileGroup>(q, pairs, packed + t0 * pairs * kLanes, best);
+  switch (tiles - t0) {
+    case 3: rows_tiles_max<3>(q, pairs, packed + t0 * pairs * kLanes, best); break;
+    case 2: rows_tiles_max<2>(q, pairs, packed + t0 * pairs * kLanes, best); break;
+    case 1: rows_tiles_max<1>(q, pairs, packed + t0 * pairs * kLanes, best); break;
+    default: break;
   }
   for (int64_t r = 0; r < kRowGroup; ++r) top[r] = _mm512_reduce_max_ps(best[r]);
 }
