@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from . import block_maxima
+from . import block_maxima, exact_peaks
 from ._checks import check_block_size
 from .cpu_features import onednn_bf16
 
@@ -81,16 +81,25 @@ def peak_probabilities(
 def _peaks_per_query(
     queries: torch.Tensor, chunks: Iterable[torch.Tensor], block_size: int
 ) -> torch.Tensor:
-    """Exact peaks of each query [Hkv, M, D] on each key block: [Hkv, M, n_blocks]."""
+    """Exact peaks of each query [Hkv, M, D] on each key block: [Hkv, M, n_blocks]. On a CPU with
+    AVX-512, exact_peaks.py's kernel takes each chunk's block maxima and softmax sums in one
+    pass, without writing its logits."""
     top = torch.full(queries.shape[:2], float("-inf"), device=queries.device)
     total = torch.zeros(queries.shape[:2], device=queries.device)
+    fused = queries.device.type == "cpu" and exact_peaks.serves(block_size, queries.shape[1])
     block_max = []
     for keys in chunks:
         _check_chunk(queries, keys, block_size)
-        logits = queries @ keys.float().mT  # [Hkv, M, n_i]
-        block_max.append(logits.view(*logits.shape[:2], -1, block_size).amax(-1))
-        new_top = torch.maximum(top, logits.amax(-1))
-        total = total * torch.exp(top - new_top) + torch.exp(logits - new_top[..., None]).sum(-1)
+        if fused:
+            chunk_max, chunk_top, chunk_total = exact_peaks.exact_peaks(queries, keys, block_size)
+        else:
+            logits = queries @ keys.float().mT  # [Hkv, M, n_i]
+            chunk_max = logits.view(*logits.shape[:2], -1, block_size).amax(-1)
+            chunk_top = logits.amax(-1)
+            chunk_total = torch.exp(logits - chunk_top[..., None]).sum(-1)
+        block_max.append(chunk_max)
+        new_top = torch.maximum(top, chunk_top)
+        total = total * torch.exp(top - new_top) + chunk_total * torch.exp(chunk_top - new_top)
         top = new_top
     log_norm = top + torch.log(total)  # [Hkv, M]: each query's log-sum-exp over all keys
     return torch.exp(torch.cat(block_max, dim=-1) - log_norm[..., None])

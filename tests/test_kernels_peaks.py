@@ -11,9 +11,10 @@ from msa.kernels.peaks import peak_probabilities, peak_probabilities_reference
 
 
 @pytest.mark.parametrize("chunk", [8, 24, 80])  # several chunks, one not a power of two, one
-def test_peaks_match_the_full_softmax(chunk):
+@pytest.mark.parametrize("tokens", [5, 12])  # 15 and 36 queries a KV head (exact_peaks' kernel)
+def test_peaks_match_the_full_softmax(chunk, tokens):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(6, 5, 16, generator=g) * 0.8
+    q = torch.randn(6, tokens, 16, generator=g) * 0.8
     keys = torch.randn(2, 80, 16, generator=g).half()  # 10 blocks of 8, stored as fp16
     got = peak_probabilities(q, lambda: keys.split(chunk, dim=1), 8)
     want = peak_probabilities_reference(q, keys, 8)

@@ -24,6 +24,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 #include "attention_bf16_keys.h"
+#include "avx512_exp2.h"
 #endif
 
 namespace {
@@ -40,22 +41,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
 
 inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
-
-// 2^x for lanes x <= 0: x = n + f with |f| <= 1/2, 2^f = e^(f ln2) by its Taylor polynomial to
-// degree 6 (relative error < 2e-7), times 2^n.
-inline __m512 exp2_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.69314718056f));
-  __m512 e = _mm512_set1_ps(1.f / 720.f);
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 120.f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 24.f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f / 6.f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.5f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(e, n);
-}
 
 // o[r][c0..c0+16*NZ) = o * alpha[r] + sum over the block's 64 keys of w[r][j] v[j][c], for the
 // kGroup rows; w as bf16 pairs of keys (32 a row), v_block the block's packed values.
