@@ -6,8 +6,11 @@ answer_blocks.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from msa.kernels import scan_extension
 from msa.kernels.peaks import peak_probabilities
 
 from .forward import ForwardContext
@@ -26,6 +29,13 @@ PEAK_KEY_CHUNK = 4096
 # a layer's keys, rotated back, are kept for the scan's second pass up to this size (all of a
 # 512K-token document of Qwen2.5-0.5B, 64K of a Llama-3-8B); the rest are read again
 PEAK_KEPT_BYTES = 256 << 20
+
+
+def prepare_scan(on_build: Callable[[], None] | None = None) -> None:
+    """Build the scan's C++ kernels now (kernels/scan_extension.py) rather than in a question's
+    first layer; `on_build()` is called first when that means compiling them. Where they cannot
+    be built, the scan runs in PyTorch."""
+    scan_extension.build(on_build)
 
 
 def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int]:

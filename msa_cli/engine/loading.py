@@ -1,5 +1,5 @@
 """Loading a model: threads, malloc's settings, converted copies in the cache directory, the fused
-decode step."""
+decode step and the question scan's kernels."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def load(
     seconds).
     `note(message)` tells of a wait worth explaining (None: say nothing)."""
     from msa.models import load_model
+    from msa.models.question_peaks import prepare_scan
 
     from .generate import prepare_decode
     from .paths import calibrations_dir, quantized_models_dir, registered_models
@@ -68,6 +69,15 @@ def load(
                     "building the fused CPU decode step for this machine (once, under a minute)"
                 )
             ),
+        )
+        # the question scan's kernels likewise, rather than in a first question
+        prepare_scan(
+            on_build=note
+            and (
+                lambda: note(
+                    "building the question scan's kernels for this machine (once, under a minute)"
+                )
+            )
         )
         _loaded[key] = loaded
     return _loaded[key], time.perf_counter() - start
