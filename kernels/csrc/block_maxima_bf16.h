@@ -28,8 +28,8 @@ namespace question_scan {
 
 using attention_bf16::bf16_bits;
 using attention_bf16::kLanes;
-constexpr int64_t kRowGroup = 4;   // query rows whose products are summed in registers at once
-constexpr int kTileGroup = 4;  // tiles of 16 keys read at once for those rows
+constexpr int64_t kRowGroup = 4;  // query rows whose products are summed in registers at once
+constexpr int kTileGroup = 4;      // tiles of 16 keys read at once for those rows
 
 inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
 
@@ -37,7 +37,7 @@ inline __m512bh as_bf16(__m512i x) { return (__m512bh)x; }
 // ([B / 16][d / 2][16]: for 16 keys, channel pair p of each in lane order), with its mean
 // key less c and each channel's largest |key - c| written to mean[d] and reach[d].
 inline void pack_block(const float* keys, int64_t row_stride, int64_t block_size, int64_t d, const float* c,
-                uint32_t* packed, float* mean, float* reach) {
+                       uint32_t* packed, float* mean, float* reach) {
   const int64_t pairs = d / 2;
   alignas(64) uint16_t bits[512];
   for (int64_t ch = 0; ch < d; ch += kLanes) {
