@@ -8,11 +8,13 @@ for the exact pass), for a model's attention shape, four ways: the keys' reading
 alone; the scan as msa runs it (`at_least` FOUND_PEAK: the screen, then the exact pass over the
 queries it keeps), with the scan's C++ kernels where they build (the rotation, kernels/rotary.py;
 the screen, block_maxima.py, with AVX-512 BF16; the exact pass, exact_peaks.py, with AVX-512);
-the same in PyTorch alone, side by side; and every query scored exactly. One
-query per KV head matches one planted key, so the exact pass runs, as it does in the layers
-where a question finds something. The question's cost is about the layers times the scan.
+the same in PyTorch alone, side by side; and every query scored exactly. `--matches`
+queries a KV head (1) each match a planted key, so the exact pass runs, as it does in the
+layers where a question finds something (in the deepest, 10 to 50 queries a KV head). The
+question's cost is about the layers times the scan.
 
-    python benchmarks/question_scan.py [--lengths 32k,128k,1m] [--question 30] [--json out.json]
+    python benchmarks/question_scan.py [--lengths 32k,128k,1m] [--question 30] [--matches 1]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,13 +60,16 @@ class RestoredKeys:
         return self.rope.rotate_back(x, first_position, dtype)
 
 
-def one_layer(shape, n: int, question: int, reps: int) -> dict:
+def one_layer(shape, n: int, question: int, reps: int, matches: int = 1) -> dict:
     hkv, hq, d, _, base = shape
     g = torch.Generator().manual_seed(n)
     q = torch.randn(hq, question, d, generator=g) * d**-0.5
     blocks = [torch.randn(hkv, BLOCK, d, generator=g).half() for _ in range(n // BLOCK)]
-    for h in range(hkv):  # query 0 of each KV group finds one key, a third of the way in
-        blocks[len(blocks) // 3][h, 5] = (q[h * (hq // hkv), 0] * 4 * d**0.5).half()
+    group = hq // hkv
+    for h in range(hkv):  # `matches` queries of each KV group find a key each, from a third in
+        for i in range(matches):
+            query = q[h * group + i % group, i // group]
+            blocks[len(blocks) // 3 + i][h, 5] = (query * 4 * d**0.5).half()
     cache = RestoredKeys(blocks, RotaryEmbedding(d, base))
     far = slice(1, n // BLOCK - 1)
 
@@ -103,6 +108,13 @@ def main() -> None:
     parser.add_argument("--lengths", default="32k,128k,1m")
     parser.add_argument("--question", type=int, default=30, help="the question's tokens")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument(
+        "--matches",
+        type=int,
+        default=1,
+        help="queries a KV head that each find a planted key, so the exact pass scores them "
+        "(1; in a question's deepest layers 10 to 50 do)",
+    )
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
@@ -120,8 +132,15 @@ def main() -> None:
         shape = SHAPES[name]
         for length in args.lengths.split(","):
             n = tokens(length) // BLOCK * BLOCK
-            s = one_layer(shape, n, args.question, args.reps)
-            row = {"shape": name, "tokens": n, "question": args.question, "layers": shape[3], **s}
+            s = one_layer(shape, n, args.question, args.reps, args.matches)
+            row = {
+                "shape": name,
+                "tokens": n,
+                "question": args.question,
+                "matches": args.matches,
+                "layers": shape[3],
+                **s,
+            }
             rows.append(row)
             print(
                 f"{name:14s} {n:9,d} {s['read and rotate']:12.3f} {s['scan']:8.3f}"
