@@ -51,8 +51,8 @@ inline void some_keys(const float* keys, int64_t d, const float* qt, int64_t wid
 }
 
 // One task: head h's keys of blocks [b0, b1) against NV query vectors starting at vector v0:
-// each block's maxima into block_max, the range's largest logit and sum of exponentials into
-// top, total (16 * NV lanes, log2 units inside, returned in natural units).
+// each block's maxima into block_max, the range's largest logit and sum of exp(logit - largest)
+// into top, total (16 * NV lanes; e^x taken as 2^(x log2 e)).
 template <int NV>
 inline void exact_range(const float* keys, int64_t d, int64_t block_size, int64_t b0, int64_t b1, const float* qt,
                         int64_t width, float* block_max, float* top, float* total, float* logits) {
