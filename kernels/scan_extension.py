@@ -1,7 +1,8 @@
 """The C++ extension of a question's scan over a document's keys (models/question_peaks.py):
-csrc/question_scan.cpp, with the rotation back to position 0 (csrc/rotate_back.h, rotary.py)
-and the screen's block maxima (csrc/block_maxima_bf16.h, block_maxima.py). One extension, so a
-machine compiles them once, together; MSA_NO_SCAN_KERNELS=1 keeps the scan in PyTorch."""
+csrc/question_scan.cpp, with the rotation back to position 0 (csrc/rotate_back.h, rotary.py),
+the screen's block maxima (csrc/block_maxima_bf16.h, block_maxima.py) and the exact pass's
+(csrc/exact_peaks.h, exact_peaks.py). One extension, so a machine compiles them once, together;
+MSA_NO_SCAN_KERNELS=1 keeps the scan in PyTorch."""
 
 from __future__ import annotations
 
