@@ -54,8 +54,8 @@ def test_screened_peaks_are_exact_where_they_reach_the_share(
     g = torch.Generator().manual_seed(1)
     q = torch.randn(8, 6, 32, generator=g) * scale / 32**0.5
     keys = torch.randn(2, 32 * block, 32, generator=g)  # 32 blocks
-    keys[0, 77] = q[1, 2] * 8  # a key that query (head 1, token 2) finds, in block 9
-    keys[1, 200] = q[6, 0] * 3  # a weaker match, in block 25
+    keys[0, 77] = q[1, 2] * 8  # a key that query (head 1, token 2) finds, in block 77 // block
+    keys[1, 200] = q[6, 0] * 3  # a weaker match, in block 200 // block
     keys = keys.half()
     want = peak_probabilities_reference(q, keys, block)
     far = slice(1, 30)
