@@ -19,7 +19,7 @@ import torch
 
 from .cpp_build import AVX512
 from .cpu_features import cpu_flags
-from .scan_extension import EXTENSION
+from .scan_extension import EXTENSION, fp32_rows
 
 
 def serves(block_size: int, head_dim: int) -> bool:
@@ -45,17 +45,10 @@ def block_maxima(
     return tuple(
         EXTENSION.load().block_maxima(
             q.to(torch.bfloat16).contiguous(),
-            keys if _rows_contiguous(keys) else keys.float().contiguous(),
+            fp32_rows(keys),
             center.float().contiguous(),
             block_size,
         )
-    )
-
-
-def _rows_contiguous(keys: torch.Tensor) -> bool:
-    """Whether the kernel reads `keys` in place: fp32, each row's channels one after another."""
-    return (
-        keys.dtype == torch.float32 and keys.stride(-1) == 1 and keys.stride(-2) == keys.shape[-1]
     )
 
 

@@ -18,7 +18,7 @@ import torch
 
 from .cpp_build import AVX512
 from .cpu_features import cpu_flags
-from .scan_extension import EXTENSION
+from .scan_extension import EXTENSION, fp32_rows
 
 # queries a vector of the kernel holds: with no more than that, its lanes sit idle and
 # PyTorch's matrix-vector product is as fast (one thread, 4,096 keys of 64 channels, 2 heads:
@@ -42,9 +42,7 @@ def exact_peaks(
     """q fp32 [Hkv, k, D], keys fp32 [Hkv, n, D] (n whole blocks). Returns fp32 (block_max
     [Hkv, k, n / B]: each query's largest logit q . key per block; top [Hkv, k]: its largest
     over the keys; total [Hkv, k]: the sum of exp(logit - top) over the keys)."""
-    if keys.dtype != torch.float32 or keys.stride(-1) != 1 or keys.stride(-2) != keys.shape[-1]:
-        keys = keys.float().contiguous()
-    return tuple(EXTENSION.load().exact_peaks(q.float().contiguous(), keys, block_size))
+    return tuple(EXTENSION.load().exact_peaks(q.float().contiguous(), fp32_rows(keys), block_size))
 
 
 def exact_peaks_reference(

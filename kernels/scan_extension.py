@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from .cpp_build import CppExtension
 
 EXTENSION = CppExtension("msa_question_scan", ["question_scan.cpp"], off_by="MSA_NO_SCAN_KERNELS")
@@ -19,3 +21,11 @@ def build(on_build: Callable[[], None] | None = None) -> None:
     if EXTENSION.needs_build() and on_build is not None:
         on_build()
     EXTENSION.load()
+
+
+def fp32_rows(keys: torch.Tensor) -> torch.Tensor:
+    """`keys` as the kernels read them in place: fp32, each row's channels one after another
+    (heads at any stride); a copy only where they are not."""
+    if keys.dtype == torch.float32 and keys.stride(-1) == 1 and keys.stride(-2) == keys.shape[-1]:
+        return keys
+    return keys.float().contiguous()
