@@ -18,10 +18,9 @@ from pathlib import Path
 import filelock
 import torch
 
-from .cpu_features import cpu_flags
+from .cpu_features import avx512, cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
-AVX512 = {"avx512f", "avx512bw", "avx512vl"}
 # builds of a module take turns under this lock, in its build folder; how long a process waits
 # for another one's build (under a minute as a rule)
 BUILD_LOCK = "msa-build.lock"
@@ -37,7 +36,7 @@ def _cpu_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
         # the code that asks for it alone (ggml_blocks.h, attend_rows_avx512.h): AVX-512, and
         # VNNI's int8 dot products
-        if AVX512 <= cpu_flags():
+        if avx512():
             flags += ["-DMSA_AVX512"]
             if "avx512_vnni" in cpu_flags():
                 flags += ["-DMSA_GGML_VNNI"]
@@ -76,18 +75,17 @@ class CppExtension:
 
     def _target(self) -> tuple[str, list[str], Path]:
         """The module's name, compiler flags and build folder (under PyTorch's extension root,
-        one folder per flavour, Python and PyTorch version, and content of csrc/: two versions
-        of the sources, such as two checkouts, never rebuild over each other)."""
+        one folder per Python and PyTorch version, content of csrc/ and set of compiler flags:
+        two versions of the sources, such as two checkouts, or two flavours of one module that
+        differ in a single -D flag, never rebuild over each other)."""
         from torch.utils.cpp_extension import get_default_build_root
 
         flags = [f for f in _cpu_flags() if f not in self.without]
-        name = self.name + (
-            "_avx512" if "-mavx512f" in flags else "_avx2" if "-mavx2" in flags else ""
-        )
+        flags_digest = hashlib.sha256("\0".join(flags).encode()).hexdigest()[:8]
         root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
         python = f"py{sys.version_info.major}{sys.version_info.minor}"
         version = f"{python}-torch{torch.__version__.replace('+', '_')}-{_sources_digest()}"
-        return name, flags, root / f"{name}-{version}"
+        return self.name, flags, root / f"{self.name}-{version}-{flags_digest}"
 
     def _off(self) -> bool:
         return bool(self.off_by and os.environ.get(self.off_by))

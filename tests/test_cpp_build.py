@@ -34,3 +34,17 @@ def test_a_lock_left_by_a_stopped_build_does_not_hold_up_the_next_load():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "None"]
     assert not (folder / "lock").exists()
+
+
+def test_flavours_that_differ_in_one_define_build_in_their_own_folders(monkeypatch):
+    from msa.kernels import cpp_build
+
+    flags = ["-O3", "-fopenmp", "-mavx2", "-DMSA_AVX512", "-DMSA_GGML_VNNI"]
+    monkeypatch.setattr(cpp_build, "_cpu_flags", lambda: list(flags))
+    full = cpp_build.CppExtension("msa_probe", ["ggml_blocks.cpp"])
+    narrow = cpp_build.CppExtension("msa_probe", ["ggml_blocks.cpp"], without=("-DMSA_GGML_VNNI",))
+    again = cpp_build.CppExtension("msa_probe", ["ggml_blocks.cpp"])
+    (_, full_flags, full_dir), (_, narrow_flags, narrow_dir) = full._target(), narrow._target()
+    assert "-DMSA_GGML_VNNI" in full_flags and "-DMSA_GGML_VNNI" not in narrow_flags
+    assert full_dir != narrow_dir
+    assert again._target()[2] == full_dir  # the same flavour finds its earlier build
