@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from .cpp_build import AVX512, CppExtension
-from .cpu_features import cpu_flags
+from .cpp_build import CppExtension
+from .cpu_features import avx512_bf16
 from .selected_tokens import gather_selected_tokens
 
 _EXTENSION = CppExtension(
@@ -41,7 +41,7 @@ _EXTENSION = CppExtension(
 def available() -> bool:
     """Whether this CPU has AVX-512 BF16 and the kernel is built (off with
     MSA_NO_BF16_ATTENTION=1)."""
-    if not {"avx512_bf16"} | AVX512 <= cpu_flags():
+    if not avx512_bf16():
         return False
     module = _EXTENSION.load()
     return module is not None and module.built_with_bf16()

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .cpp_build import AVX512
-from .cpu_features import cpu_flags
+from .cpu_features import avx512_bf16
 from .scan_extension import EXTENSION, fp32_rows
 
 
@@ -28,7 +27,7 @@ def serves(block_size: int, head_dim: int) -> bool:
     (at most 512)."""
     if block_size % 16 or head_dim % 16 or head_dim > 512:
         return False
-    if not {"avx512_bf16"} | AVX512 <= cpu_flags():
+    if not avx512_bf16():
         return False
     module = EXTENSION.load()
     return module is not None and module.built_with_bf16()

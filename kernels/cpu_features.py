@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+# the AVX-512 subsets msa's C++ kernels are written for (foundation, byte/word, vector lengths)
+AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
+
 
 @cache
 def _cpuinfo() -> list[tuple[str, str]]:
@@ -35,6 +38,17 @@ def cpu_flags() -> frozenset[str]:
 def cpu_name() -> str:
     """The CPU's model name as /proc/cpuinfo gives it ("" where there is none)."""
     return next((value for key, value in _cpuinfo() if key == "model name"), "")
+
+
+def avx512() -> bool:
+    """Whether this CPU runs the kernels' AVX-512 code (F, BW and VL)."""
+    return AVX512 <= cpu_flags()
+
+
+def avx512_bf16() -> bool:
+    """Whether it also has AVX-512 BF16's dot products (vdpbf16ps), which the bf16 attention
+    and the question scan's screen are written with."""
+    return avx512() and "avx512_bf16" in cpu_flags()
 
 
 def bf16_units() -> bool:

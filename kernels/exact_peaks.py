@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .cpp_build import AVX512
-from .cpu_features import cpu_flags
+from .cpu_features import avx512
 from .scan_extension import EXTENSION, fp32_rows
 
 # queries a vector of the kernel holds: with no more than that, its lanes sit idle and
@@ -30,7 +29,7 @@ def serves(block_size: int, n_queries: int) -> bool:
     """Whether `exact_peaks` computes here, and is worth it: AVX-512 and the kernel built (off
     with MSA_NO_SCAN_KERNELS=1), blocks of a multiple of 8 keys, more than QUERY_LANES queries
     a KV head."""
-    if block_size % 8 or n_queries <= QUERY_LANES or not AVX512 <= cpu_flags():
+    if block_size % 8 or n_queries <= QUERY_LANES or not avx512():
         return False
     module = EXTENSION.load()
     return module is not None and module.built_with_avx512()

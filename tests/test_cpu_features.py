@@ -1,6 +1,6 @@
-"""kernels/cpu_features.py: which CPUs count as multiplying bf16 in hardware, on hand-made flag
-sets (what /proc/cpuinfo lists on an AVX2 desktop, a Zen 4 EPYC, a Sapphire Rapids Xeon, an
-Arm Neoverse V1)."""
+"""kernels/cpu_features.py: which CPUs count as multiplying bf16 in hardware, and which run the
+kernels' AVX-512 code, on hand-made flag sets (what /proc/cpuinfo lists on an AVX2 desktop, a
+Zen 4 EPYC, a Sapphire Rapids Xeon, an Arm Neoverse V1)."""
 
 import pytest
 import torch
@@ -32,3 +32,22 @@ def test_onednn_bf16_needs_onednn(monkeypatch):
     with torch.backends.mkldnn.flags(enabled=False):
         assert not cpu_features.onednn_bf16()
     assert cpu_features.onednn_bf16()
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "avx512", "avx512_bf16"),
+    [
+        (AVX2, False, False),
+        (AVX2 | {"avx512f"}, False, False),  # the foundation alone: not the kernels' subset
+        (AVX2 | AVX512, True, False),  # Skylake-X, Ice Lake
+        (AVX2 | AVX512 | {"avx512_bf16"}, True, True),  # Zen 4, Sapphire Rapids
+        (AVX2 | {"avx512_bf16"}, False, False),
+    ],
+)
+def test_the_kernels_avx512_subsets(monkeypatch, flags, avx512, avx512_bf16):
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags))
+    assert cpu_features.avx512() is avx512
+    assert cpu_features.avx512_bf16() is avx512_bf16
