@@ -18,6 +18,8 @@
 #include <limits>
 #include <vector>
 
+#include "widen_row.h"
+
 namespace attention_bf16 {
 
 constexpr int64_t kLanes = 16;  // fp32 lanes of a zmm register: keys (scores) or channels (output)
@@ -90,19 +92,6 @@ inline __m256i bf16_bits(__m512 x) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-// A row of d channels (a multiple of 16) of the cache, widened to fp32.
-inline void row_to_float(const float* x, int64_t d, float* out) { std::memcpy(out, x, d * sizeof(float)); }
-inline void row_to_float(const c10::Half* x, int64_t d, float* out) {
-  for (int64_t c = 0; c < d; c += kLanes)
-    _mm512_storeu_ps(out + c, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c))));
-}
-inline void row_to_float(const c10::BFloat16* x, int64_t d, float* out) {
-  for (int64_t c = 0; c < d; c += kLanes) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c)));
-    _mm512_storeu_ps(out + c, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-  }
-}
-
 // x [d] rotated in place by cos, sin [r] (r <= d, even): channel i < r/2 pairs with i + r/2, as
 // RoPE's rotate-half computes x * cos + cat(-x2, x1) * sin; channels from r on pass through.
 inline void rotate(float* x, const float* cos, const float* sin, int64_t r) {
@@ -133,7 +122,7 @@ void pack_selected_blocks(const T* k, const T* v, int64_t row_stride, int64_t n_
       const int64_t j = s * block_size + t, position = static_cast<int64_t>(idx[s]) * block_size + t;
       if (position >= n_tokens) break;
       float* key = scratch.data() + j * d;
-      row_to_float(k + position * row_stride, d, key);
+      cache_rows::widen(k + position * row_stride, d, key);
       if (cos != nullptr) rotate(key, cos + s * r, sin + s * r, r);
       for (int64_t c = 0; c < d; ++c) mean[c] += key[c];
       out.pos[j] = static_cast<int32_t>(position);
@@ -152,7 +141,7 @@ void pack_selected_blocks(const T* k, const T* v, int64_t row_stride, int64_t n_
       _mm256_store_si256(reinterpret_cast<__m256i*>(bits + c), bf16_bits(centered));
     }
     put_key(out, j, reinterpret_cast<const uint32_t*>(bits), d);
-    row_to_float(v + static_cast<int64_t>(out.pos[j]) * row_stride, d, value.data());
+    cache_rows::widen(v + static_cast<int64_t>(out.pos[j]) * row_stride, d, value.data());
     for (int64_t c = 0; c < d; c += kLanes)
       _mm256_store_si256(reinterpret_cast<__m256i*>(bits + c), bf16_bits(_mm512_loadu_ps(value.data() + c)));
     put_value(out, j, bits, d);

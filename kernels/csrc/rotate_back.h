@@ -7,33 +7,12 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
+#include "widen_row.h"
 
 namespace question_scan {
-
-// A row of d channels widened to fp32.
-inline void widen(const float* x, int64_t d, float* out) { std::memcpy(out, x, d * sizeof(float)); }
-inline void widen(const c10::BFloat16* x, int64_t d, float* out) {
-  const auto* bits = reinterpret_cast<const uint16_t*>(x);
-  for (int64_t c = 0; c < d; ++c) {
-    const uint32_t w = static_cast<uint32_t>(bits[c]) << 16;
-    std::memcpy(out + c, &w, sizeof(float));
-  }
-}
-inline void widen(const c10::Half* x, int64_t d, float* out) {
-  int64_t c = 0;
-#ifdef __F16C__
-  for (; c + 8 <= d; c += 8)
-    _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + c))));
-#endif
-  for (; c < d; ++c) out[c] = static_cast<float>(x[c]);
-}
 
 // The angles of one row: cos, sin [half] as given, or, with a first angle (cf, sf), the sums
 // first + given (cos(a + b) = cos a cos b - sin a sin b, sin(a + b) = sin a cos b + cos a sin b).
@@ -71,7 +50,7 @@ inline void rotate_rows(const T* x, int64_t heads, int64_t head_stride, int64_t 
       for (int64_t h = 0; h < heads; ++h) {
         float* __restrict o = out + (h * rows + t) * d;
         const float* __restrict in = row.data();
-        widen(x + h * head_stride + t * d, d, row.data());
+        cache_rows::widen(x + h * head_stride + t * d, d, row.data());
         for (int64_t i = 0; i < half; ++i) o[i] = in[i] * c[i] + in[i + half] * s[i];
         for (int64_t i = 0; i < half; ++i) o[i + half] = in[i + half] * c[i] - in[i] * s[i];
         for (int64_t i = 2 * half; i < d; ++i) o[i] = in[i];
