@@ -193,6 +193,10 @@ def _check_chunk(queries: torch.Tensor, keys: torch.Tensor, block_size: int) -> 
     """A later chunk against the grouped queries [Hkv, M, D]."""
     if keys.dim() != 3 or keys.shape[0] != queries.shape[0] or keys.shape[-1] != queries.shape[-1]:
         raise ValueError(f"keys {tuple(keys.shape)} do not fit queries {tuple(queries.shape)}")
+    _check_whole_blocks(keys, block_size)
+
+
+def _check_whole_blocks(keys: torch.Tensor, block_size: int) -> None:
     if keys.shape[1] % block_size:
         raise ValueError(f"{keys.shape[1]} keys are not whole blocks of {block_size}")
 
@@ -205,5 +209,4 @@ def _check(q: torch.Tensor, keys: torch.Tensor, block_size: int) -> None:
         )
     if q.shape[0] % keys.shape[0]:
         raise ValueError(f"{q.shape[0]} query heads do not group over {keys.shape[0]} KV heads")
-    if keys.shape[1] % block_size:
-        raise ValueError(f"{keys.shape[1]} keys are not whole blocks of {block_size}")
+    _check_whole_blocks(keys, block_size)
