@@ -40,6 +40,7 @@ def test_ruler_scores_the_models_answers_and_resumes(embedded, tmp_path):
     (row,) = out["summary"]
     assert row["dense"] == 1.0 and row["msa"] == out["items"][1]["score"]
     assert row["msa-dense"] == row["msa"] - 1.0
+    assert (row["msa_better"], row["msa_worse"]) == (0, int(row["msa"] < 1.0))
     assert out["tokens_per_s"] > 0 and "[2/2] niah_single_1 512 msa" in result.stderr
     # a second run with the same results file asks nothing again
     again = json.loads(_run(*args).stdout)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from msa.engine.evals.results import ResultsFile, item_id, summarize
+from msa.engine.evals.results import ResultsFile, item_id, summarize, with_means
 from msa.engine.evals.runner import Answer, Mode, Prepared, Unit, run_sweep
 from msa.engine.evals.scoring import contains, exact_match, string_match_all, token_f1
 from msa.engine.evals.sizing import fit_units
@@ -110,6 +110,8 @@ def test_a_resumed_sweep_asks_only_what_the_results_file_lacks(tmp_path):
             "msa_items": 3,
             "msa_seconds": 1.5,
             "msa-dense": -1.0,
+            "msa_better": 0,
+            "msa_worse": 3,
         }
     ]
     asked.clear()
@@ -135,3 +137,41 @@ def test_answers_on_bf16_prefill_tiles_are_not_taken_for_exact_ones(tmp_path):
     _sweep(path, asked, _TilesModel())
     _sweep(path, asked)
     assert asked == []
+
+
+def _record(task, sample, mode, score, length=4096):
+    return dict(task=task, length=length, depth=0.5, sample=sample, seed=0, attention=mode,
+                score=score, seconds=1.0)  # fmt: skip
+
+
+def test_modes_are_compared_item_by_item_and_tasks_averaged_per_length():
+    records = [
+        _record("niah_a", 0, "dense", 1.0), _record("niah_a", 0, "msa", 0.5),
+        _record("niah_a", 1, "dense", 0.0), _record("niah_a", 1, "msa", 1.0),
+        _record("niah_a", 2, "msa", 1.0),  # dense did not answer it: in msa's mean, no pair
+        _record("niah_b", 0, "dense", 0.25), _record("niah_b", 0, "msa", 0.25),
+        _record("vt", 0, "dense", 1.0), _record("vt", 0, "msa", 0.0),
+        _record("niah_a", 0, "msa", 1.0, length=8192),  # one task alone at 8K: no mean row
+    ]  # fmt: skip
+    rows = with_means(summarize(records, ["dense", "msa"]), ["dense", "msa"],
+                      {"needles": {"niah_a", "niah_b"}})  # fmt: skip
+    by = {(r["task"], r["length"]): r for r in rows}
+    assert [(r["task"], r["length"]) for r in rows] == [
+        ("niah_a", 4096), ("niah_b", 4096), ("vt", 4096), ("mean", 4096),
+        ("mean, needles", 4096), ("niah_a", 8192),
+    ]  # fmt: skip
+    a = by["niah_a", 4096]
+    assert (a["dense"], a["msa"], a["msa-dense"]) == (0.5, 0.8333, 0.3333)  # means to 4 places
+    assert (a["dense_items"], a["msa_items"], a["msa_better"], a["msa_worse"]) == (2, 3, 1, 1)
+    b = by["niah_b", 4096]
+    assert (b["msa_better"], b["msa_worse"], b["msa-dense"]) == (0, 0, 0.0)
+    mean = by["mean", 4096]
+    assert mean["dense"] == round((0.5 + 0.25 + 1.0) / 3, 4)
+    assert mean["msa"] == round((2.5 / 3 + 0.25 + 0.0) / 3, 4)
+    assert mean["msa-dense"] == round((a["msa-dense"] + 0.0 - 1.0) / 3, 4)
+    assert (mean["msa_items"], mean["dense_items"], mean["msa_better"], mean["msa_worse"]) == (
+        5, 4, 1, 2)  # fmt: skip
+    needles = by["mean, needles", 4096]
+    assert needles["dense"] == round((0.5 + 0.25) / 2, 4) and needles["msa_worse"] == 1
+    alone = by["niah_a", 8192]
+    assert alone["dense"] is None and alone["msa-dense"] is None and alone["msa_better"] == 0

@@ -166,7 +166,7 @@ def eval_ruler(
     """RULER's synthetic long-context tasks, attention modes (and engines) side by side."""
     from ..engine.evals import llamacpp
     from ..engine.evals.haystack import read_prose, shipped_prose
-    from ..engine.evals.results import ResultsFile, summarize
+    from ..engine.evals.results import ResultsFile, summarize, with_means
     from ..engine.evals.ruler import ruler_score, ruler_units
     from ..engine.evals.runner import dense_skip, run_sweep
     from ..engine.evals.tasks import parse_tasks
@@ -201,7 +201,8 @@ def eval_ruler(
         engine, units, modes, store, ruler_score, skip=skip, on_result=report.progress_line
     )
     labels = [m.label for m in modes]
-    rows = summarize(records, labels)
+    needles = {t.name for t in chosen if t.kind == "niah"}
+    rows = with_means(summarize(records, labels), labels, {"needles": needles})
     title = f"msa eval ruler: {engine.name}, {samples} samples, haystack {prose.name}"
     if json_out:
         report.print_json(records, rows, totals, model=engine.name, modes=labels, seed=seed)

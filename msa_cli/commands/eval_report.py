@@ -39,15 +39,22 @@ def print_table(rows: list[dict], modes: list[str], title: str, totals) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    caption = None
+    if len(modes) > 1:
+        caption = (
+            f"{modes[1]}-{modes[0]}: the difference of the means, then the items asked both ways "
+            f"that {modes[1]} scored higher (+) and lower (-) than {modes[0]}"
+        )
+    table = Table(title=title, caption=caption)
     for column in ["task", "length", *modes, *(f"{m}-{modes[0]}" for m in modes[1:]), "items"]:
         table.add_column(column, justify="left" if column == "task" else "right")
     for row in rows:
-        diffs = [_signed(row[f"{m}-{modes[0]}"]) for m in modes[1:]]
+        diffs = [_difference(row, m, modes[0]) for m in modes[1:]]
         items = "/".join(str(row[f"{m}_items"]) for m in modes)
         scores = ["-" if row[m] is None else f"{row[m]:.2f}" for m in modes]
         length = f"{row['length']:,}" if row["length"] else "-"
-        table.add_row(row["task"], length, *scores, *diffs, items)
+        style = "bold" if row["task"].startswith("mean") else None
+        table.add_row(row["task"], length, *scores, *diffs, items, style=style)
     console = Console()
     console.print(table)
     console.print(cost_line(totals))
@@ -64,8 +71,12 @@ def cost_line(totals) -> str:
     )
 
 
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.2f}"
+def _difference(row: dict, mode: str, first: str) -> str:
+    """'+0.25 (+2 -1)': the means' difference, and the items `mode` won and lost."""
+    value = row[f"{mode}-{first}"]
+    if value is None:
+        return "-"
+    return f"{value:+.2f} (+{row[f'{mode}_better']} -{row[f'{mode}_worse']})"
 
 
 def print_json(records: list[dict], rows: list[dict], totals, **header) -> None:

@@ -53,25 +53,79 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
+# what makes two records one item asked in two modes (the fields a sweep's units carry)
+PAIRED_BY = ("task", "length", "depth", "sample", "seed", "haystack", "line")
+
+
 def summarize(records: list[dict], modes: list[str], score: str = "score") -> list[dict]:
     """One row per task and length (in the records' order), with each mode's mean `score`, its
-    item count and seconds, and each mode's difference from the first mode."""
+    item count and seconds, and each later mode's difference from the first: in the means, and
+    as the items of both it scored higher (`_better`) and lower (`_worse`)."""
     rows: dict[tuple, dict] = {}
     for r in records:
         row = rows.setdefault((r["task"], r["length"]), {"task": r["task"], "length": r["length"]})
-        cell = row.setdefault(r["attention"], {"scores": [], "seconds": 0.0})
-        cell["scores"].append(r[score])
+        cell = row.setdefault(r["attention"], {"scores": {}, "seconds": 0.0})
+        cell["scores"][tuple(r.get(f) for f in PAIRED_BY)] = r[score]
         cell["seconds"] += r["seconds"]
     out = []
     for row in rows.values():
         summary = {"task": row["task"], "length": row["length"]}
         for mode in modes:
             cell = row.get(mode)
-            summary[mode] = round(sum(cell["scores"]) / len(cell["scores"]), 4) if cell else None
-            summary[f"{mode}_items"] = len(cell["scores"]) if cell else 0
+            scores = list(cell["scores"].values()) if cell else []
+            summary[mode] = round(sum(scores) / len(scores), 4) if scores else None
+            summary[f"{mode}_items"] = len(scores)
             summary[f"{mode}_seconds"] = round(cell["seconds"], 1) if cell else 0.0
+        first = row.get(modes[0])
         for mode in modes[1:]:
             a, b = summary[mode], summary[modes[0]]
             summary[f"{mode}-{modes[0]}"] = None if a is None or b is None else round(a - b, 4)
+            summary.update(_paired(row.get(mode), first, mode))
         out.append(summary)
     return out
+
+
+def _paired(cell: dict | None, first: dict | None, mode: str) -> dict:
+    """How many items asked in both modes `mode` scored higher, and lower, than the first."""
+    if cell is None or first is None:
+        return {f"{mode}_better": 0, f"{mode}_worse": 0}
+    both = [(s, first["scores"][k]) for k, s in cell["scores"].items() if k in first["scores"]]
+    return {
+        f"{mode}_better": sum(a > b for a, b in both),
+        f"{mode}_worse": sum(a < b for a, b in both),
+    }
+
+
+def with_means(rows: list[dict], modes: list[str], groups: dict[str, set[str]]) -> list[dict]:
+    """The rows, each length's followed by the mean over its tasks (RULER's average: each task
+    weighs the same) where it has more than one, and by the mean over each named group of tasks
+    (such as the needle tasks) that holds more than one of them and not all."""
+    out: list[dict] = []
+    lengths = list(dict.fromkeys(r["length"] for r in rows))
+    for length in lengths:
+        mine = [r for r in rows if r["length"] == length]
+        out += mine
+        if len(mine) > 1:
+            out.append(_mean_row("mean", mine, modes))
+        for name, tasks in groups.items():
+            group = [r for r in mine if r["task"] in tasks]
+            if 1 < len(group) < len(mine):
+                out.append(_mean_row(f"mean, {name}", group, modes))
+    return out
+
+
+def _mean_row(name: str, rows: list[dict], modes: list[str]) -> dict:
+    """The tasks' means averaged per mode (over the tasks the mode ran), the difference over the
+    tasks both ran, and the items', seconds' and better/worse counts' sums."""
+    row = {"task": name, "length": rows[0]["length"]}
+    for mode in modes:
+        means = [r[mode] for r in rows if r[mode] is not None]
+        row[mode] = round(sum(means) / len(means), 4) if means else None
+        row[f"{mode}_items"] = sum(r[f"{mode}_items"] for r in rows)
+        row[f"{mode}_seconds"] = round(sum(r[f"{mode}_seconds"] for r in rows), 1)
+    for mode in modes[1:]:
+        diffs = [r[f"{mode}-{modes[0]}"] for r in rows if r[f"{mode}-{modes[0]}"] is not None]
+        row[f"{mode}-{modes[0]}"] = round(sum(diffs) / len(diffs), 4) if diffs else None
+        for side in ("better", "worse"):
+            row[f"{mode}_{side}"] = sum(r[f"{mode}_{side}"] for r in rows)
+    return row
