@@ -8,7 +8,7 @@ import json
 import pytest
 
 from msa.engine.evals.results import ResultsFile, item_id, summarize, with_means
-from msa.engine.evals.runner import Answer, Mode, Prepared, Unit, run_sweep
+from msa.engine.evals.runner import Answer, Mode, Prepared, TimeLeft, Unit, run_sweep
 from msa.engine.evals.scoring import contains, exact_match, string_match_all, token_f1
 from msa.engine.evals.sizing import fit_units
 from msa.models.attention_settings import AttentionSettings
@@ -175,3 +175,17 @@ def test_modes_are_compared_item_by_item_and_tasks_averaged_per_length():
     assert needles["dense"] == round((0.5 + 0.25) / 2, 4) and needles["msa_worse"] == 1
     alone = by["niah_a", 8192]
     assert alone["dense"] is None and alone["msa-dense"] is None and alone["msa_better"] == 0
+
+
+def test_time_left_counts_each_mode_and_length_at_its_own_rate():
+    eta = TimeLeft()
+    for kind in [("msa", 4096), ("dense", 4096), ("msa", 4096), ("dense", 4096), ("msa", 8192)]:
+        eta.add(kind, kind[1])
+    assert eta.jobs == 5 and eta.seconds() is None  # nothing timed yet
+    eta.done(("msa", 4096), 4096, 2.0)
+    # msa at 4K: 2 s an item; dense not timed: msa's rate; msa at 8K: msa's rate at 4K
+    assert eta.seconds() == pytest.approx(2.0 + 2 * 2.0 + 8192 * 2.0 / 4096)
+    eta.done(("dense", 4096), 4096, 10.0)
+    assert eta.seconds() == pytest.approx(2.0 + 10.0 + 4.0)
+    eta.done(("msa", 4096), 4096, 4.0)  # msa at 4K now 3 s an item on average
+    assert eta.seconds() == pytest.approx(10.0 + 8192 * 6.0 / 8192)

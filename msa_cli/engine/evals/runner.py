@@ -147,9 +147,12 @@ def run_sweep(
             rid = item_id(**unit.fields, attention=mode.label, model=model.name, **tiles)
             jobs.append((rid, mode))
         todo.append((unit, jobs))
-    total = sum(1 for _, jobs in todo for rid, _ in jobs if rid not in results.done)
-    left_tokens = sum(u.tokens for u, jobs in todo for rid, _ in jobs if rid not in results.done)
-    done_tokens, start = 0, time.perf_counter()
+    eta = TimeLeft()
+    for unit, jobs in todo:
+        for rid, mode in jobs:
+            if rid not in results.done:
+                eta.add(_kind(unit, mode), unit.tokens)
+    total = eta.jobs
     for unit, jobs in todo:
         item = None
         for rid, mode in jobs:
@@ -157,6 +160,7 @@ def run_sweep(
                 records.append(results.done[rid])
                 totals.resumed += 1
                 continue
+            start = time.perf_counter()
             item = item or unit.build()
             got = (mode.answer or answer)(model, item, mode)
             record = {
@@ -178,9 +182,47 @@ def run_sweep(
             totals.seconds += got.seconds
             totals.prompt_tokens += got.prompt_tokens
             totals.cached_tokens += got.cached_tokens
-            done_tokens += unit.tokens
-            left_tokens -= unit.tokens
-            elapsed = time.perf_counter() - start
-            eta = elapsed / done_tokens * left_tokens if done_tokens else None
-            on_result(record, totals.items, total, eta)
+            eta.done(_kind(unit, mode), unit.tokens, time.perf_counter() - start)
+            on_result(record, totals.items, total, eta.seconds())
     return records, totals
+
+
+def _kind(unit: Unit, mode: Mode) -> tuple:
+    """What an item's time per token depends on: its mode and length."""
+    return mode.label, unit.fields.get("length")
+
+
+class TimeLeft:
+    """A sweep's time left, from the seconds per token each kind of job (a mode at a length)
+    has taken so far: dense attention's grow with the length and msa's barely do, so one rate
+    for all would be off by the ratio between them. A kind not timed yet is taken at its mode's
+    rate at other lengths, else at the mean of the rates measured."""
+
+    def __init__(self):
+        self.left: dict[tuple, int] = {}  # tokens still to answer, by kind
+        self.timed: dict[tuple, list[float]] = {}  # tokens and seconds answered, by kind
+        self.jobs = 0
+
+    def add(self, kind: tuple, tokens: int) -> None:
+        self.left[kind] = self.left.get(kind, 0) + tokens
+        self.jobs += 1
+
+    def done(self, kind: tuple, tokens: int, seconds: float) -> None:
+        self.left[kind] -= tokens
+        timed = self.timed.setdefault(kind, [0, 0.0])
+        timed[0] += tokens
+        timed[1] += seconds
+
+    def seconds(self) -> float | None:
+        rates = {kind: s / n for kind, (n, s) in self.timed.items() if n}
+        if not rates:
+            return None
+        mean = sum(rates.values()) / len(rates)
+        left = 0.0
+        for kind, tokens in self.left.items():
+            rate = rates.get(kind)
+            if rate is None:
+                mine = [r for (mode, _), r in rates.items() if mode == kind[0]]
+                rate = sum(mine) / len(mine) if mine else mean
+            left += tokens * rate
+        return left
