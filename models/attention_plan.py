@@ -70,6 +70,9 @@ class AttentionPlan:
     windows: tuple[int | None, ...] = ()
     softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2)
     dense_reason: str | None = None  # why no query reads selected blocks whatever the settings
+    # how the question's chunks and the answer's steps choose blocks (AttentionSettings)
+    selection: str = "quest"
+    top_p: float | None = None
 
     @classmethod
     def of(
@@ -91,7 +94,14 @@ class AttentionPlan:
             windows=tuple(model.windows),
             softcap=model.softcap,
             dense_reason=dense_reason,
+            selection=settings.selection,
+            top_p=settings.top_p,
         )
+
+    @property
+    def by_index(self) -> bool:
+        """Whether the question's chunks and the answer's steps select by the index."""
+        return self.selection == "index"
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a local `layer`, or None for a global one."""

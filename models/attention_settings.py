@@ -6,6 +6,10 @@ import math
 from dataclasses import asdict, dataclass
 
 MODES = ("auto", "dense", "msa")
+# how the question's and the answer's queries score blocks: "quest", Quest's bound over block
+# summaries with the answer's rules (msa.py, msa_decode.py); "index", each query's own
+# attention over every key, max-pooled per block and KV group (index_selection.py)
+SELECTIONS = ("quest", "index")
 MODEL = "model"  # selection_layer: the model's own choice (msa_defaults.py)
 KV_DTYPES = ("fp16", "bf16", "fp32", "int8")
 DEFAULT_KV_DTYPE = "fp16"
@@ -43,6 +47,12 @@ class AttentionSettings:
     calibration measured on the model, or a rule over its layers), filled in when a cache is
     made (attention_plan.resolve_settings).
 
+    `selection`: how a question's chunks and the answer's decode steps choose blocks (SELECTIONS);
+    with "index", `top_p` (None: a fixed top-k) reads, of the blocks ranked, the fewest whose
+    share of the KV group's attention reaches it with the sink's and the local window's, at most
+    `topk`. A document's chunks always select by Quest's bound, so neither is in the cache
+    identity.
+
     `kv_dtype`: how keys and values are stored, in memory, in spill files and in the prefix
     cache: "fp16" (the default, as llama.cpp's cache), "bf16" or "fp32", each row rounded once
     when written and read back as stored by every attention path, which computes in fp32; "int8"
@@ -60,6 +70,8 @@ class AttentionSettings:
     bounded_from: int | None = 0
     selection_layer: int | str | None = MODEL
     kv_dtype: str = DEFAULT_KV_DTYPE
+    selection: str = "quest"
+    top_p: float | None = None
 
     def __post_init__(self):
         # frozen: the alias is resolved in place, so the identity never says "auto"
@@ -70,6 +82,12 @@ class AttentionSettings:
             raise ValueError(
                 f"K/V dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}"
             )
+        if self.selection not in SELECTIONS:
+            raise ValueError(
+                f"selection must be one of {', '.join(SELECTIONS)}, not {self.selection!r}"
+            )
+        if self.top_p is not None and not (0 < self.top_p <= 1 and self.selection == "index"):
+            raise ValueError("a top-p share is in (0, 1], and only for the index selection")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block size must be at least 1")
         layer = self.selection_layer
@@ -92,7 +110,8 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
-        d.pop("selection_layer")  # shapes only the question's and answer's K/V (see above)
+        for question_only in ("selection_layer", "selection", "top_p"):  # see above
+            d.pop(question_only)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}
         if self.mode == "msa":

@@ -20,7 +20,12 @@ from .layers import RotaryEmbedding
 
 class AttentionObserver(Protocol):
     """Sees every layer's queries before attention reads the cache (msa's sources): q [Hq, T, D]
-    at positions q_start..; the cache holds their K/V (`cache.fetch` reads them)."""
+    at positions q_start..; the cache holds their K/V (`cache.fetch` reads them).
+
+    An observer with a `blocks_read(layer, q_start, count, idx)` method also sees the blocks each
+    sparse read takes (`ForwardContext.read_blocks`): idx [Hkv, W] for one query, or [Hkv, nq,
+    W] for the query blocks of a chunk of `count` queries from `q_start`, -1 padded (the
+    selection-fidelity yardstick, msa.engine.evals.fidelity)."""
 
     def __call__(self, cache: KVCache, layer: int, q: torch.Tensor, q_start: int) -> None: ...
 
@@ -82,6 +87,15 @@ class ForwardContext:
         if self.local_cos is not None and self.plan.window(layer) is not None:
             return self.local_cos, self.local_sin
         return self.cos, self.sin
+
+    def read_blocks(self, layer: int, q_start: int, count: int, idx: torch.Tensor) -> None:
+        """The blocks idx ([Hkv, W], or [Hkv, nq, W] per query block) that `count` sparse queries
+        from `q_start` read in `layer`: loaded from the cache's restored blocks where absent,
+        and shown to an observer that asks for them (AttentionObserver)."""
+        self.cache.load_blocks(layer, idx)
+        seen = getattr(self.observer, "blocks_read", None)
+        if seen is not None:
+            seen(layer, q_start, count, idx)
 
     def in_question(self, q_start: int) -> bool:
         """Whether the chunk of queries from `q_start` is part of the question."""

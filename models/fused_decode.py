@@ -158,8 +158,11 @@ class FusedDecode:
     @staticmethod
     def fits(cache: KVCache) -> bool:
         """Whether the step reads `cache` as it is: K/V stores of fp32, fp16 or bf16 (int8 K/V:
-        fp32 with their scales) in memory or mapped files."""
-        return cache.kv_dtype in STORES and cache.k[0].device.type == "cpu"
+        fp32 with their scales) in memory or mapped files, under Quest's selection (the index's
+        runs per op: index_selection.py)."""
+        return (
+            cache.kv_dtype in STORES and cache.k[0].device.type == "cpu" and not cache.plan.by_index
+        )
 
     def run(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache

@@ -42,6 +42,7 @@ from msa.kernels.attention_bf16 import attention_bf16_blocks
 from msa.kernels.selected_tokens import gather_selected_tokens
 
 from .forward import ForwardContext
+from .index_selection import chunk_blocks
 from .layers import apply_rope
 from .msa_decode import far_span, heads_in_turn, union_over_heads
 from .question_peaks import found_by_peaks, with_blocks
@@ -66,16 +67,17 @@ def chunk_attend(
     """MSA for a chunk of sparse queries q [Hq, Tq, D] at q_start.. (keys, values: [Hkv, >=
     q_start+Tq, D]): the outputs [Hq, n, D] of its queries at true positions, then of those
     whose far blocks move to a bounded distance (the plan says where one ends)."""
-    plan, cache = ctx.plan, ctx.cache
+    plan = ctx.plan
     tq = q.shape[1]
     n_true = plan.n_true_positions(q_start, tq)
     # a question chunk's scan, once for all its queries, wherever their far blocks sit
-    found = found_by_peaks(q, q_start, ctx, layer) if ctx.in_question(q_start) else None
+    scans = ctx.in_question(q_start) and not plan.by_index
+    found = found_by_peaks(q, q_start, ctx, layer) if scans else None
     parts = []
     if n_true:
         q_true = q[:, :n_true]
         idx = _chosen(q_true, q_start, ctx, layer, found)
-        cache.load_blocks(layer, idx)
+        ctx.read_blocks(layer, q_start, n_true, idx)
         if ctx.bf16_attention:
             parts.append(_gathered(q_true, q_start, keys, values, idx, plan, None, bf16=True))
         else:
@@ -83,7 +85,7 @@ def chunk_attend(
     if n_true < tq:
         q_moved = q[:, n_true:]
         idx = _chosen(q_moved, q_start + n_true, ctx, layer, found)
-        cache.load_blocks(layer, idx)
+        ctx.read_blocks(layer, q_start + n_true, tq - n_true, idx)
         parts.append(
             _gathered(
                 q_moved, q_start + n_true, keys, values, idx, plan, ctx.rope, ctx.bf16_attention
@@ -103,6 +105,8 @@ def _chosen(q, q_start, ctx: ForwardContext, layer: int, found: list[int] | None
     cache, plan = ctx.cache, ctx.plan
     if not ctx.in_question(q_start):
         return _select(q, q_start, cache.block_summaries(layer, n_tokens), plan, plan.block_size)
+    if plan.by_index:
+        return chunk_blocks(q, q_start, ctx, layer)
 
     def choose():
         summaries = cache.block_summaries(layer, n_tokens, by_content=True)

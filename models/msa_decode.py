@@ -23,7 +23,8 @@ found, and the blocks the answer followed on to: where a query head's attention 
 last token of a far block, the step is copying from where that block ends, and the steps after
 it read the next block too (`blocks_after_peaks`); where it peaks on any token of a far block,
 the step copies from that block, and every layer's later steps read it (`blocks_copied_from`).
-tests/test_msa_decode.py holds it equal to the general path and to a from-scratch reference.
+Under the plan's index selection the blocks come from index_selection.py, with none of these
+rules. tests/test_msa_decode.py holds it equal to the general path and to a reference.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from msa.kernels.selection import select_blocks
 
 from .forward import ForwardContext
+from .index_selection import decode_blocks
 
 # A query head holding at least this share of its attention on one token is copying it
 # (`blocks_after_peaks`); at a half or more the peak is that token's alone, not a near tie
@@ -49,15 +51,18 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     hkv = cache.n_kv_heads
     qf = q.view(hkv, hq // hkv, d).float() * d**-0.5  # [Hkv, G, D], scaled
 
-    idx, n_far, n_chosen, _ = ctx.select_shared(
-        layer,
-        (q_start, 1),
-        lambda: _choose(q, cache, layer, q_start, plan),
-        lambda chosen: with_answer_blocks(
-            _shared_by_heads(*chosen), cache.answer.blocks(layer, q_start), q_start, plan
-        ),
-    )  # [Hkv, W]
-    cache.load_blocks(layer, idx)
+    if plan.by_index:
+        idx, n_far, n_chosen = decode_blocks(q, ctx, layer)
+    else:
+        idx, n_far, n_chosen, _ = ctx.select_shared(
+            layer,
+            (q_start, 1),
+            lambda: _choose(q, cache, layer, q_start, plan),
+            lambda chosen: with_answer_blocks(
+                _shared_by_heads(*chosen), cache.answer.blocks(layer, q_start), q_start, plan
+            ),
+        )  # [Hkv, W]
+    ctx.read_blocks(layer, q_start, 1, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)  # [Hkv, W, B, D]
     if plan.is_bounded(q_start) and n_far:
@@ -73,15 +78,23 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     )  # the unwritten rest of its own block
     logits[:, :, n_chosen:] = float("-inf")  # unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
+    if not plan.by_index:
+        _follow_the_answer(weights, idx, n_far, ctx, layer)
+    out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
+    return out.view(hq, 1, d).to(q.dtype)
+
+
+def _follow_the_answer(weights, idx, n_far: int, ctx: ForwardContext, layer: int) -> None:
+    """Quest's answer rules, for the later steps (`blocks_after_peaks`, `blocks_copied_from`)."""
+    cache, plan = ctx.cache, ctx.plan
+    block_size = plan.block_size
     row, peaks = idx[0].tolist(), far_peaks(weights, n_far, block_size)  # one device sync
     followed = blocks_after_peaks(peaks, row, block_size)
     if followed:
         cache.answer.follow(layer, followed, plan.topk)
     copied = blocks_copied_from(peaks, row, plan.sink_blocks)
     if copied:
-        cache.answer.copy_from(copied, q_start, plan.topk)
-    out = weights @ v_sel.view(hkv, width * block_size, d)  # [Hkv, G, D]
-    return out.view(hq, 1, d).to(q.dtype)
+        cache.answer.copy_from(copied, ctx.start, plan.topk)
 
 
 def blocks_after_peaks(peaks: list[tuple[int, int]], row: list[int], block_size: int) -> list[int]:

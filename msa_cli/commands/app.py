@@ -13,6 +13,7 @@ from .calibrate import calibrate
 from .chat import chat
 from .errors import EXIT_CODES_HELP, OneLineUsageGroup
 from .eval import eval_app
+from .eval_fidelity import eval_fidelity
 from .models import models_app, pull, quantize
 from .serve import serve
 
@@ -26,6 +27,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(bench_app, name="bench")
+eval_app.command("fidelity")(eval_fidelity)
 app.add_typer(eval_app, name="eval")
 app.add_typer(cache_app, name="cache")
 app.command(epilog=EXIT_CODES_HELP)(ask)

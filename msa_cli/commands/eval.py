@@ -12,8 +12,10 @@ from .errors import reports_errors
 from .options import (
     CacheDirOption,
     DtypeOption,
+    JsonOption,
     ModelOption,
     QuantOption,
+    ResultsOption,
     ThreadsOption,
     TopkOption,
     check_precision,
@@ -91,12 +93,6 @@ def eval_passkey(
         print_rows(summary, False, f"msa eval passkey: {loaded.name}, {loaded.weights} weights")
 
 
-ResultsOption = typer.Option(
-    None,
-    "--results",
-    help="Append each scored item to this JSON-lines file; a rerun with it skips those items.",
-)
-JsonOption = typer.Option(False, "--json", help="Print one JSON object: summary and every item.")
 EngineOption = typer.Option(
     "msa",
     "--engine",

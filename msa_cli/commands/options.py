@@ -245,3 +245,11 @@ def parse_lengths(spec: str) -> list[int]:
             raise typer.BadParameter(f"{part!r} must be at least 1", param_hint="--length")
         lengths.append(value)
     return lengths
+
+
+ResultsOption = typer.Option(
+    None,
+    "--results",
+    help="Append each scored item to this JSON-lines file; a rerun with it skips those items.",
+)
+JsonOption = typer.Option(False, "--json", help="Print one JSON object: summary and every item.")

@@ -28,8 +28,7 @@ from msa.models.msa_decode import heads_in_turn, ranked_blocks
 from msa.models.msa_defaults import MsaDefaults
 
 from .evals.haystack import Prose, word_pool
-from .evals.needles import NEEDLE, place, random_value
-from .evals.sizing import fit_units
+from .evals.needles import NEEDLE, planted_prompt, random_value
 from .generate import prefill
 from .prompt import build_prompt
 
@@ -144,19 +143,7 @@ def _document(tok, prose: Prose, planted: list[Needle], length: int):
     with the needles at evenly spread depths, and the document's text."""
     texts = [NEEDLE.format(type_v="numbers", key=n.key, value=n.value) for n in planted]
     depths = [(i + 0.5) / len(planted) for i in range(len(planted))]
-
-    def text(n_words: int) -> str:
-        return " ".join(place(prose.sentences(n_words), list(zip(depths, texts))))
-
-    def tokens(n_words: int) -> int:
-        return len(tok.encode(text(n_words))) if n_words else 0
-
-    try:
-        n_words, _ = fit_units(tokens, length, max(64, length // 50))
-    except ValueError as e:
-        raise InputError(f"--length {length}: too short for {len(planted)} needles ({e})") from None
-    document = text(n_words)
-    return build_prompt(tok, document, ""), document
+    return planted_prompt(tok, prose, list(zip(depths, texts)), length)
 
 
 def summary_rows(result: Calibration) -> list[dict]:

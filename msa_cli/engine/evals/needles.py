@@ -24,7 +24,11 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 
+from msa.models.errors import InputError
+
+from ..prompt import build_prompt
 from .haystack import NOISE, Prose
+from .sizing import fit_units
 
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
 _PREAMBLE = (
@@ -82,6 +86,25 @@ def place(units: list[str], planted: list[tuple[float, str]]) -> list[str]:
         if i < len(units):
             out.append(units[i])
     return out
+
+
+def planted_prompt(tokenizer, prose: Prose, planted: list[tuple[float, str]], length: int):
+    """(prompt, document): the prompt (as msa builds it, question left out) of a prose document
+    of about `length` tokens with each (depth, text) of `planted` placed at its depth, and the
+    document's text. A length too short for them is an InputError."""
+
+    def text(n_words: int) -> str:
+        return " ".join(place(prose.sentences(n_words), planted))
+
+    def tokens(n_words: int) -> int:
+        return len(tokenizer.encode(text(n_words))) if n_words else 0
+
+    try:
+        n_words, _ = fit_units(tokens, length, max(64, length // 50))
+    except ValueError as e:
+        raise InputError(f"--length {length}: too short for {len(planted)} needles ({e})") from None
+    document = text(n_words)
+    return build_prompt(tokenizer, document, ""), document
 
 
 def niah(p: Niah, seed: str, shared: str, n: int, depth: float, prose: Prose) -> Draft:

@@ -1,0 +1,143 @@
+"""MSA's block index (MSA.md, "Our design"): per-token index scores, pooled per block and KV
+group, and the blocks a budget keeps. The plain PyTorch definition, used by the selection-
+fidelity yardstick (msa.engine.evals.fidelity) to compare index choices before one is built
+into the decode path.
+
+For queries q [Hq, T, D] at positions q_pos [T] and keys k [Hkv, n, D] (as cached, at their
+true positions), G = Hq // Hkv query heads per KV group, B = block_size:
+
+    index keys     k~ = `index_keys(k, bits)`: the keys as an index of `bits` per channel
+                   would hold them (16: as given; 8, 4: symmetric, one scale per token and KV
+                   head; 1: the sign times the row's mean magnitude, as FIER's 1-bit keys)
+    token scores   log p~_h(t) = log softmax_t (q_h . k~_t * scale) over t <= q_pos
+                   (each query head's own attention under the index keys; `token_log_probs`)
+    block scores   "max":  max over the group's heads and the block's tokens of log p~_h(t)
+                   (MiniMax-M3's max pooling); "mass": max over the heads of log of the
+                   block's summed p~_h (`block_scores`)
+    blocks read    the sink blocks, the local window (the query's block and the
+                   local_blocks - 1 before it), and of the blocks between them either the
+                   `topk` best scored, or, with `top_p`, the fewest best scored whose
+                   estimated share of the group's attention (the mean over its heads of p~)
+                   reaches top_p with the forced blocks, at most `topk` (`blocks_read`)
+
+Every function is batched over the queries of one layer; `held_mass` is the yardstick's
+measure: the share of each query head's dense attention that the blocks read hold.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INDEX_BITS = (16, 8, 4, 1)
+POOLS = ("max", "mass")
+
+
+def index_keys(keys: torch.Tensor, bits: int) -> torch.Tensor:
+    """keys [..., D] as an index of `bits` bits per channel holds them, in fp32."""
+    k = keys.float()
+    if bits == 16:
+        return k
+    if bits == 1:
+        return k.sign() * k.abs().mean(dim=-1, keepdim=True)
+    if bits not in (8, 4):
+        raise ValueError(f"index bits must be one of {', '.join(map(str, INDEX_BITS))}, not {bits}")
+    top = 2 ** (bits - 1) - 1  # 127, 7: symmetric, no -128 / -8
+    scale = k.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / top
+    return (k / scale).round().clamp(-top, top) * scale
+
+
+def token_log_probs(
+    q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """log softmax of q [Hq, T, D] against keys [Hkv, n, D] (GQA: query head h reads KV head
+    h // G), each query over the keys at positions <= its own q_pos [T]: [Hq, T, n] in fp32,
+    -inf past the query."""
+    hq, t, d = q.shape
+    hkv, n, _ = keys.shape
+    logits = (q.float().reshape(hkv, hq // hkv * t, d) @ keys.float().mT).view(hq, t, n) * scale
+    future = torch.arange(n, device=q.device)[None, :] > q_pos.to(q.device)[:, None]  # [T, n]
+    logits.masked_fill_(future, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _by_block(x: torch.Tensor, block_size: int, fill: float) -> torch.Tensor:
+    """x [..., n] -> [..., ceil(n / B), B], the last block padded with `fill`."""
+    n = x.shape[-1]
+    pad = -n % block_size
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=fill)
+    return x.view(*x.shape[:-1], -1, block_size)
+
+
+def block_scores(log_probs: torch.Tensor, n_kv_heads: int, block_size: int, pool: str):
+    """Each KV group's score of each block for each query: [Hkv, T, ceil(n / B)] from token log
+    probabilities [Hq, T, n] (`token_log_probs`), pooled as `pool` says (module docstring)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, not {pool!r}")
+    hq, t, _ = log_probs.shape
+    blocks = _by_block(log_probs, block_size, float("-inf"))  # [Hq, T, nb, B]
+    per_head = blocks.amax(-1) if pool == "max" else torch.logsumexp(blocks, dim=-1)
+    return per_head.view(n_kv_heads, hq // n_kv_heads, t, -1).amax(1)  # [Hkv, T, nb]
+
+
+def block_mass(probs: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each block's share of each query head's attention: [..., ceil(n / B)] from [..., n]."""
+    return _by_block(probs, block_size, 0.0).sum(-1)
+
+
+def forced_blocks(q_pos: torch.Tensor, n_blocks: int, block_size: int, sink: int, local: int):
+    """bool [T, n_blocks]: the blocks every query reads (its sink and local window), and bool
+    [T, n_blocks]: the candidates between them."""
+    b = torch.arange(n_blocks)[None, :]
+    own = (q_pos.cpu() // block_size)[:, None]  # [T, 1]
+    window_first = (own - local + 1).clamp(min=0)
+    window = (b >= window_first) & (b <= own)
+    sink_blocks = b < torch.minimum(window_first, torch.tensor(sink))
+    forced = window | sink_blocks
+    candidates = (b < window_first) & ~sink_blocks
+    return forced, candidates
+
+
+def blocks_read(
+    scores: torch.Tensor,
+    q_pos: torch.Tensor,
+    block_size: int,
+    *,
+    topk: int,
+    sink_blocks: int = 1,
+    local_blocks: int = 1,
+    top_p: float | None = None,
+    estimated_mass: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """bool [Hkv, T, nb]: the blocks each KV group reads for each query, from its block scores
+    [Hkv, T, nb] (`block_scores`): forced blocks, then the best-scored candidates (ties: the
+    lower block), `topk` of them, or with `top_p` the fewest whose `estimated_mass` [Hkv, T, nb]
+    (the group's mean share of attention per block) reaches top_p with the forced blocks', at
+    most `topk`."""
+    hkv, t, nb = scores.shape
+    forced, candidates = forced_blocks(q_pos, nb, block_size, sink_blocks, local_blocks)
+    forced, candidates = forced.to(scores.device), candidates.to(scores.device)
+    ranked = scores.masked_fill(~candidates, float("-inf"))
+    # stable descending sort: among equal scores the lower block comes first
+    order = ranked.argsort(dim=-1, descending=True, stable=True)  # [Hkv, T, nb]
+    rank_ok = torch.arange(nb, device=scores.device) < topk
+    keep = rank_ok & torch.isfinite(ranked.gather(-1, order))  # ranked candidates only
+    if top_p is not None:
+        if estimated_mass is None:
+            raise ValueError("a top_p budget needs the estimated block mass")
+        base = (estimated_mass * forced).sum(-1, keepdim=True)  # [Hkv, T, 1]
+        sorted_mass = estimated_mass.gather(-1, order) * keep
+        before = sorted_mass.cumsum(-1) - sorted_mass  # mass of the better-ranked candidates
+        keep = keep & (base + before < top_p)
+    read = forced.expand(hkv, t, nb).clone()
+    read.scatter_(-1, order, keep | read.gather(-1, order))
+    return read
+
+
+def held_mass(probs: torch.Tensor, read: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[Hq, T]: the share of each query head's attention probs [Hq, T, n] that its KV group's
+    blocks read [Hkv, T, nb] hold."""
+    hq = probs.shape[0]
+    mass = block_mass(probs, block_size)  # [Hq, T, nb]
+    group = hq // read.shape[0]
+    return (mass * read.repeat_interleave(group, dim=0)).sum(-1)

@@ -1,0 +1,85 @@
+"""MSA's selection by a per-token index (MSA.md, "Our design", 1), for the question's chunks and
+the answer's decode steps when the plan says `selection="index"`.
+
+Each query scores every earlier key with its own attention (the model's query against the keys
+as cached, at their true positions: the index at full precision), a block's score is the largest
+log-probability any query head of the KV group gives one of its tokens (MiniMax-M3's max
+pooling), and the group reads its sink and local blocks and the best-scored blocks between
+them: `topk` of them, or with the plan's `top_p` the fewest whose share of the group's
+attention reaches it (kernels/block_index.py). Every KV head of a layer reads one set, the union
+of its groups' (the attention kernels read one set per step); a chunk's query block reads the
+union over its queries. None of Quest's rules for the question and the answer apply.
+
+It reads every key once per query, as much as dense attention's products, so it is the measure
+of what a compressed or learned index must approach (`msa eval fidelity`), not yet a speed-up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from msa.kernels import block_index
+
+from .forward import ForwardContext
+
+# queries scored at once: their log-probabilities over n keys are [Hq, this, n] fp32
+QUERIES_AT_ONCE = 64
+
+
+def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
+    """bool [T, n_blocks]: the blocks each query of q [Hq, T, D] at q_start.. reads in `layer`,
+    for all KV heads (the union of their groups' selections)."""
+    plan, cache = ctx.plan, ctx.cache
+    hq, t, d = q.shape
+    end = q_start + t
+    keys = cache.fetch(layer, 0, end)[0]  # [Hkv, end, D], restored blocks loaded
+    hkv = keys.shape[0]
+    parts = []
+    for first in range(0, t, QUERIES_AT_ONCE):
+        part = q[:, first : first + QUERIES_AT_ONCE].float()
+        pos = torch.arange(q_start + first, q_start + first + part.shape[1])
+        logp = block_index.token_log_probs(part, keys, pos, d**-0.5)  # [Hq, t', end]
+        scores = block_index.block_scores(logp, hkv, plan.block_size, "max")
+        estimated = None
+        if plan.top_p is not None:
+            mass = block_index.block_mass(logp.exp(), plan.block_size)  # [Hq, t', nb]
+            estimated = mass.view(hkv, hq // hkv, *mass.shape[1:]).mean(1)
+        read = block_index.blocks_read(
+            scores,
+            pos,
+            plan.block_size,
+            topk=plan.topk,
+            sink_blocks=plan.sink_blocks,
+            local_blocks=plan.local_blocks,
+            top_p=plan.top_p,
+            estimated_mass=estimated,
+        )  # [Hkv, t', nb]
+        parts.append(read.any(0))
+    return torch.cat(parts)
+
+
+def decode_blocks(q: torch.Tensor, ctx: ForwardContext, layer: int):
+    """The decode query q [Hq, 1, D]'s blocks as msa_decode reads a selection: int32 [Hkv, W]
+    ascending (the same row for every head), how many lie before the local window, how many."""
+    plan = ctx.plan
+    read = read_by_index(q, ctx.start, ctx, layer)[0]
+    blocks = read.nonzero().flatten().to(torch.int32)
+    window_first = max(0, ctx.start // plan.block_size - plan.local_blocks + 1)
+    n_far = int((blocks < window_first).sum())
+    idx = blocks[None].expand(ctx.cache.n_kv_heads, -1)
+    return idx, n_far, len(blocks)
+
+
+def chunk_blocks(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
+    """A chunk's selection as msa.py reads it: int32 [Hkv, nq, K] for its query blocks (each the
+    union of its queries'), ascending, -1 padded, the same for every head."""
+    block_size = ctx.plan.block_size
+    read = read_by_index(q, q_start, ctx, layer)  # [T, nb]
+    qblock = torch.arange(q_start, q_start + q.shape[1]) // block_size
+    qblock = qblock - q_start // block_size
+    rows = [read[qblock == j].any(0).nonzero().flatten() for j in range(int(qblock[-1]) + 1)]
+    width = max(len(r) for r in rows)
+    out = torch.full((ctx.cache.n_kv_heads, len(rows), width), -1, dtype=torch.int32)
+    for j, row in enumerate(rows):
+        out[:, j, : len(row)] = row.to(torch.int32)
+    return out

@@ -1,0 +1,119 @@
+"""The index selection (models/index_selection.py) through the decode and question paths: dense
+attention when every block is read, and otherwise exactly the blocks its definition picks
+(written out here as loops), read at their true positions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import assert_close
+from test_msa_decode import _cache
+
+from msa.models.attention import attend
+from msa.models.forward import ForwardContext
+
+
+def _dense(q, keys, values, q_pos):
+    """Plain causal softmax attention, GQA: q [Hq, T, D] at q_pos [T] over keys [Hkv, n, D]."""
+    hq, t, d = q.shape
+    group = hq // keys.shape[0]
+    out = torch.empty(hq, t, d)
+    for h in range(hq):
+        for i, p in enumerate(q_pos):
+            w = torch.softmax(keys[h // group, : p + 1] @ q[h, i] * d**-0.5, dim=0)
+            out[h, i] = w @ values[h // group, : p + 1]
+    return out
+
+
+def _expected_blocks(q, keys, p, block, topk, top_p=None):
+    """The blocks a query at p reads, by the definition: each KV group scores a block by the
+    largest attention probability one of its heads gives a token there; sink, local and the
+    best candidates (or the fewest reaching top_p of the group's mean attention), union over
+    the groups."""
+    hq, d = q.shape
+    hkv = keys.shape[0]
+    group = hq // hkv
+    own = p // block
+    n_blocks = own + 1
+    chosen = {0, own}
+    for kv in range(hkv):
+        heads = range(kv * group, (kv + 1) * group)
+        probs = [torch.softmax(keys[kv, : p + 1] @ q[h] * d**-0.5, 0) for h in heads]
+
+        def score(b):
+            return max(float(pr[b * block : (b + 1) * block].max()) for pr in probs)  # noqa: B023
+
+        def mass(b):
+            return sum(float(pr[b * block : (b + 1) * block].sum()) for pr in probs) / group  # noqa: B023
+
+        ranked = sorted(range(1, own), key=lambda b: (-score(b), b))[:topk]
+        if top_p is not None:
+            held, kept = mass(0) + mass(own), []
+            for b in ranked:
+                if held >= top_p:
+                    break
+                kept.append(b)
+                held += mass(b)
+            ranked = kept
+        chosen |= set(ranked)
+    return sorted(b for b in chosen if b < n_blocks)
+
+
+def _restricted(q, keys, values, p, blocks, block):
+    """Attention of q [Hq, D] at p over the tokens of `blocks` only, at true positions."""
+    hq, d = q.shape
+    group = hq // keys.shape[0]
+    tokens = torch.tensor([t for b in blocks for t in range(b * block, (b + 1) * block) if t <= p])
+    out = torch.empty(hq, d)
+    for h in range(hq):
+        w = torch.softmax(keys[h // group, tokens] @ q[h] * d**-0.5, dim=0)
+        out[h] = w @ values[h // group, tokens]
+    return out
+
+
+@pytest.mark.parametrize("n_tokens,hq", [(200, 4), (161, 6)])
+def test_reading_every_block_is_dense_attention(n_tokens, hq):
+    cache, rope, _, v = _cache(n_tokens, selection="index", topk=1000)
+    keys = cache.k[0][:, :n_tokens].float()
+    q = torch.randn(hq, 1, 16)
+    ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1)
+    got = attend(q, keys, v, ctx, 0)
+    assert_close(got, _dense(q, keys, v, [n_tokens - 1]), atol=1e-5, rtol=1e-4)
+    # a question chunk of 40 queries
+    start = n_tokens - 40
+    ctx = ForwardContext.open(cache, rope, start, 40, question_from=start)
+    qs = torch.randn(hq, 40, 16)
+    got = attend(qs, keys, v, ctx, 0)
+    assert_close(got, _dense(qs, keys, v, list(range(start, n_tokens))), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("top_p", [None, 0.6])
+def test_a_decode_step_reads_the_blocks_its_definition_picks(top_p):
+    n_tokens, block = 300, 16
+    # far blocks at their true distance (never bounded), so the output can be checked alone
+    cache, rope, _, v = _cache(n_tokens, selection="index", topk=3, top_p=top_p, bounded_from=10**6)
+    keys = cache.k[0][:, :n_tokens].float()
+    q = torch.randn(4, 1, 16) * 3
+    q[0, 0] = keys[0, 100] * 2  # a far token head 0 matches
+    seen = []
+
+    class Observer:
+        def __call__(self, *args):
+            pass
+
+        def blocks_read(self, layer, q_start, count, idx):
+            seen.append(idx)
+
+    ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=Observer())
+    got = attend(q, keys, v, ctx, 0)
+    want_blocks = _expected_blocks(q[:, 0], keys, n_tokens - 1, block, 3, top_p)
+    assert 100 // block in want_blocks
+    (idx,) = seen
+    assert idx[0].tolist() == want_blocks and bool((idx == idx[0]).all())
+    want = _restricted(q[:, 0], keys, v, n_tokens - 1, want_blocks, block)
+    assert_close(got[:, 0], want, atol=1e-5, rtol=1e-4)
+    if top_p is None:
+        assert len(want_blocks) <= 2 + 3 * 2  # sink, own, top-k of each of the 2 groups
+    assert not math.isnan(float(got.sum()))
