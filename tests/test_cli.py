@@ -195,6 +195,18 @@ def test_bench_e2e_json(run):
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 100
 
 
+def test_bench_attention_takes_the_rules_topk_without_a_model(run):
+    result = run("bench", "attention", "--length", "4k", "--repeats", "1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["length"] == 4096 and row["dense_ms"] > 0 and row["msa_ms"] > 0
+    # fp32 K and V of 3 KV heads x 64 channels: all 4,096 tokens densely; MSA the summaries
+    # (min and max of 64 blocks) and the sink, the rule's 24 blocks and the local window
+    per_token = 2 * 3 * 64 * 4
+    assert row["bytes_read_dense"] == 4096 * per_token
+    assert row["bytes_read_msa"] == 3 * 64 * 2 * 64 * 4 + (1 + 24 + 1) * 64 * per_token
+
+
 def test_bench_rejects_bad_lengths(run):
     result = run("bench", "e2e", "--length", "12q")
     assert result.exit_code == 2

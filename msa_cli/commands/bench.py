@@ -104,6 +104,8 @@ def bench_attention(
     """One decode step of one layer's attention (the embedded model's shapes), dense against MSA."""
     import torch
 
+    from msa.models.msa_defaults import RULE_TOPK
+
     from ..engine.bench import run_attention
     from ..engine.loading import set_threads
     from .output import print_rows
@@ -118,7 +120,7 @@ def bench_attention(
         n_kv_heads=3,
         head_dim=64,
         block_size=block_size,
-        topk=topk,
+        topk=RULE_TOPK if topk is None else topk,  # no model here: the rule's
         local_blocks=local_blocks,
         sink_blocks=1,
         device=device,
