@@ -7,8 +7,9 @@ For queries q [Hq, T, D] at positions q_pos [T] and keys k [Hkv, n, D] (as cache
 true positions), G = Hq // Hkv query heads per KV group, B = block_size:
 
     index keys     k~ = `index_keys(k, bits)`: the keys as an index of `bits` per channel
-                   would hold them (16: as given; 8, 4: symmetric, one scale per token and KV
-                   head; 1: the sign times the row's mean magnitude, as FIER's 1-bit keys)
+                   would hold them (16: as given; below, centered per channel, then 8, 4:
+                   symmetric, one scale per token and KV head; 1: the sign times the row's mean
+                   magnitude, as FIER's 1-bit keys)
     token scores   log p~_h(t) = log softmax_t (q_h . k~_t * scale) over t <= q_pos
                    (each query head's own attention under the index keys; `token_log_probs`)
     block scores   "max":  max over the group's heads and the block's tokens of log p~_h(t)
@@ -33,10 +34,14 @@ POOLS = ("max", "mass")
 
 
 def index_keys(keys: torch.Tensor, bits: int) -> torch.Tensor:
-    """keys [..., D] as an index of `bits` bits per channel holds them, in fp32."""
+    """keys [..., n, D] as an index of `bits` bits per channel holds them, in fp32. Below 16 bits
+    the keys are centered first (each channel less its mean over the n tokens): every logit of a
+    query moves by the same q . mean, which no softmax sees, while a channel that is large in
+    every key (a key bias) no longer takes the grid's range from the others."""
     k = keys.float()
     if bits == 16:
         return k
+    k = k - k.mean(dim=-2, keepdim=True)
     if bits == 1:
         return k.sign() * k.abs().mean(dim=-1, keepdim=True)
     if bits not in (8, 4):

@@ -20,11 +20,12 @@ def _queries_and_keys(hq=6, hkv=2, t=5, n=70, d=16, seed=0):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_index_keys_round_each_row_to_its_own_grid(bits):
-    k = torch.randn(3, 9, 16)
+def test_index_keys_round_each_centered_row_to_its_own_grid(bits):
+    k = torch.randn(3, 9, 16) + torch.linspace(-20, 20, 16)  # a large channel in every key
     got = bi.index_keys(k, bits)
     top = 2 ** (bits - 1) - 1
-    for row, out in zip(k.reshape(-1, 16), got.reshape(-1, 16)):
+    centered = k - k.mean(dim=1, keepdim=True)
+    for row, out in zip(centered.reshape(-1, 16), got.reshape(-1, 16)):
         step = float(row.abs().max()) / top
         codes = out / step
         assert torch.allclose(codes, codes.round(), atol=1e-4)  # on the row's grid
@@ -33,9 +34,18 @@ def test_index_keys_round_each_row_to_its_own_grid(bits):
 
 
 def test_index_keys_one_bit_is_the_sign_times_the_mean_magnitude():
-    k = torch.tensor([[[1.0, -3.0, 2.0, -2.0]]])
-    assert bi.index_keys(k, 1).tolist() == [[[2.0, -2.0, 2.0, -2.0]]]
+    k = torch.tensor([[[1.0, -3.0, 2.0, -2.0], [-1.0, 3.0, -2.0, 2.0]]]) + 5  # mean 5 a channel
+    assert bi.index_keys(k, 1).tolist() == [[[2.0, -2.0, 2.0, -2.0], [-2.0, 2.0, -2.0, 2.0]]]
     assert torch.equal(bi.index_keys(k, 16), k)
+
+
+def test_centering_keys_changes_no_probability():
+    q, k, pos = _queries_and_keys()
+    shifted = k + torch.randn(2, 1, 16) * 10  # the same vector added to every key of a head
+    want = bi.token_log_probs(q, k - k.mean(dim=1, keepdim=True), pos, 0.25)
+    got = bi.token_log_probs(q, shifted - shifted.mean(dim=1, keepdim=True), pos, 0.25)
+    assert torch.allclose(got, want, atol=1e-4)
+    assert torch.allclose(bi.token_log_probs(q, k, pos, 0.25), want, atol=1e-4)
     with pytest.raises(ValueError, match="index bits"):
         bi.index_keys(k, 3)
 
