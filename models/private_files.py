@@ -33,6 +33,15 @@ def private_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def private_root(path: str | os.PathLike) -> Path:
+    """Make `path` and any missing parents 0700, as private_dir does, but leave a folder that
+    is there already as it is: the folder a user names for msa's files (--cache-dir) may be one
+    that others share (/tmp), which is not msa's to tighten; the folders msa makes inside it
+    are. Returns `path`."""
+    path = Path(path)
+    return path if path.is_dir() else private_dir(path)
+
+
 def tighten(path: Path, mode: int) -> None:
     """chmod `path` to `mode` if group or others have any access (a no-op when it is private
     already, or not ours: then reading or writing it fails with a clear error later)."""

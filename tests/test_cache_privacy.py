@@ -1,6 +1,7 @@
 """What msa keeps of the documents a user read is the user's alone: the prefix cache's folders
 0700 and files 0600 (tightened when an older msa left them looser), its files named under a
-secret of the cache, and the chat history 0600. (A tiny K/V cache: no model.)"""
+secret of the cache, and the chat history 0600 (a tiny K/V cache: no model); and everything a
+first `msa ask` writes in its cache and data folders (the real model, in a process of its own)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import LIMIT_S, start_msa
 
 from msa.engine.prefix_cache import BlockStore, CacheOptions, ChainIndex, PrefixCache, block_keys
 from msa.engine.prefix_cache.tokens import MIN_CHARS, TokenMemo
@@ -111,3 +113,42 @@ def test_the_chat_history_is_private(isolated_home, monkeypatch):
     assert stat.S_IMODE(history.stat().st_mode) == 0o600
     assert stat.S_IMODE(history.parent.stat().st_mode) == 0o700
     assert history.read_text() == "an older msa's question\n"
+
+
+@pytest.mark.slow
+def test_what_a_first_ask_writes_is_private(isolated_home, monkeypatch, embedded_gguf):
+    """A first `msa ask` on a machine, in a process of its own (a model loaded in this one
+    writes nothing): its cache and data folders, made by msa, are 0700 and its files 0600."""
+    from typer.testing import CliRunner
+
+    from msa.app import app
+
+    cache, data = isolated_home / "new-cache", isolated_home / "new-data"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    pulled = CliRunner().invoke(app, ["pull", str(embedded_gguf), "--name", "tiny", "-q"])
+    assert pulled.exit_code == 0, pulled.output
+    document = Path(__file__).resolve().parents[1] / "examples" / "harbor-town.txt"
+    ask = start_msa("ask", document, "Who was the first keeper?", "-m", "tiny", "-n", "2", "-q")
+    _, err = ask.communicate(timeout=LIMIT_S)
+    assert ask.returncode == 0, err
+    expected = {}
+    for top, root in (("cache", cache), ("data", data)):
+        for path, mode in modes(root).items():
+            expected[f"{top}/{path}"] = (mode, 0o700 if (root / path).is_dir() else 0o600)
+    assert {path: f"{m:o}" for path, (m, want) in expected.items() if m != want} == {}
+    made = {"cache/.", "cache/msa", "cache/msa/models", "cache/msa/models/digests"}
+    made |= {"cache/msa/read_speed.json", "cache/msa/prefix/secret"}
+    made |= {"data/.", "data/msa", "data/msa/registered-models.json"}
+    assert made <= set(expected)
+
+
+def test_a_cache_folder_the_user_named_is_left_as_it_is(tmp_path):
+    from msa.engine.read_speed import FILE_NAME, record_speed
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    (shared / FILE_NAME).write_text("{}")  # an older msa's, readable by others
+    record_speed(shared, "m:1t:auto", tokens=1000, seconds=2.0)
+    assert modes(shared) == {".": 0o755, FILE_NAME: 0o600}
+    assert (shared / FILE_NAME).read_text() == '{\n "m:1t:auto": 500.0\n}'

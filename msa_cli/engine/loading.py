@@ -86,8 +86,10 @@ def load(
 def _writable_or_none(path: Path) -> Path | None:
     """Keep converted model copies only where we may write; otherwise convert in memory each
     time."""
+    from msa.models.private_files import private_dir
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        private_dir(path)  # and the cache folder above it, if msa makes that too
     except OSError:
         return None
     return path if os.access(path, os.W_OK) else None

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
+
+from msa.models.private_files import private_root
 
 MIN_TOKENS = 256
 FILE_NAME = "read_speed.json"
@@ -36,21 +39,26 @@ def record_speed(cache_dir: Path | None, key: str, tokens: int, seconds: float) 
     if cache_dir is None or tokens < MIN_TOKENS or seconds <= 0:
         return
     path = cache_dir / FILE_NAME
-    tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
     try:
-        try:
-            speeds = json.loads(path.read_text())
-            speeds = speeds if isinstance(speeds, dict) else {}
-        except (OSError, ValueError):
-            speeds = {}
-        speeds[key] = round(tokens / seconds, 2)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(speeds, indent=1, sort_keys=True))
+        speeds = json.loads(path.read_text())
+        speeds = speeds if isinstance(speeds, dict) else {}
+    except (OSError, ValueError):
+        speeds = {}
+    speeds[key] = round(tokens / seconds, 2)
+    tmp = None
+    try:
+        # not write_atomically: that tightens the folder the file is in, here the cache folder
+        # itself, which the user may share (private_root); mkstemp's file is 0600
+        private_root(cache_dir)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{FILE_NAME}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(speeds, indent=1, sort_keys=True))
         os.replace(tmp, path)
     except OSError:
         pass
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)  # gone already once renamed
 
 
 def duration(seconds: float) -> str:
