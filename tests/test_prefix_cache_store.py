@@ -16,11 +16,12 @@ from msa.engine.prefix_cache import (
     Chain,
     ChainIndex,
     block_keys,
+    budget_from_env,
+    format_size,
     identity_hash,
     parse_size,
 )
 from msa.engine.prefix_cache.keys import FORMAT_VERSION
-from msa.engine.prefix_cache.sizes import budget_from_env, format_size
 
 ROOT = identity_hash({"model": "m", "attention": {"mode": "dense"}})
 

@@ -118,13 +118,14 @@ def info(cache_dir: str | None = CacheDirOption):
     """Where the prefix cache is, its budget and what it holds."""
     from ..engine.prefix_cache import BUDGET_ENV, FORMAT_VERSION, budget_from_env, format_size
 
+    budget = budget_from_env()  # a bad MSA_CACHE_MAX ends it before any line is printed
     index = _index(cache_dir)
     chains = _valid_chains(index)
     uses = index.counts()
     blocks = [key for key, _, _ in index.store.files() if key is not None]
     print(f"directory  {index.store.root}")
     print(f"format     {FORMAT_VERSION}")
-    print(f"budget     {format_size(budget_from_env())} ({BUDGET_ENV})")
+    print(f"budget     {format_size(budget)} ({BUDGET_ENV})")
     print(f"size       {format_size(index.disk_bytes())}")
     print(f"documents  {len(chains)}")
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import typer
 
@@ -14,6 +15,12 @@ def _finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number")
     return value
+
+
+def given_as(flag: str, envvar: str, value) -> str:
+    """How a bad value's message names where it came from: the environment variable too, when
+    that is what set it (Click names it for the checks it makes itself)."""
+    return f"{flag} (env var: {envvar})" if value and os.environ.get(envvar) == value else flag
 
 
 DEFAULT_MODEL = (
@@ -193,11 +200,13 @@ def attention_settings(mode: str, topk: int | None, block_size, local_blocks: in
 
     if mode not in MODES:
         raise typer.BadParameter(
-            f"{mode!r} is not one of {', '.join(MODES)}", param_hint="--attention"
+            f"{mode!r} is not one of {', '.join(MODES)}",
+            param_hint=given_as("--attention", "MSA_ATTENTION", mode),
         )
     if kv_dtype not in KV_DTYPES and kv_dtype not in KV_DTYPE_ALIASES:
         raise typer.BadParameter(
-            f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}", param_hint="--kv-dtype"
+            f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}",
+            param_hint=given_as("--kv-dtype", "MSA_KV_DTYPE", kv_dtype),
         )
     return AttentionSettings(
         mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks, kv_dtype=kv_dtype
@@ -208,9 +217,15 @@ def check_precision(quant, dtype: str = "auto") -> None:
     # the lists of msa.models.quantize.MODES + loading.FLOAT and loading.DTYPES, written out:
     # importing them would import PyTorch, which a --server client never needs
     if quant is not None and quant not in ("int8", "int4", "none"):
-        raise typer.BadParameter(f"{quant!r} is not one of int8, int4, none", param_hint="--quant")
+        raise typer.BadParameter(
+            f"{quant!r} is not one of int8, int4, none",
+            param_hint=given_as("--quant", "MSA_QUANT", quant),
+        )
     if dtype not in ("auto", "fp32", "bf16"):
-        raise typer.BadParameter(f"{dtype!r} is not one of auto, fp32, bf16", param_hint="--dtype")
+        raise typer.BadParameter(
+            f"{dtype!r} is not one of auto, fp32, bf16",
+            param_hint=given_as("--dtype", "MSA_DTYPE", dtype),
+        )
 
 
 def check_verbosity(quiet: bool, verbose: bool) -> None:

@@ -20,6 +20,8 @@ import typer
 
 from msa.models.errors import InputTooLongError, MsaError
 
+from .options import given_as
+
 
 class ServerError(MsaError):
     """The server could not be reached, refused the request, or did not answer in time."""
@@ -59,7 +61,8 @@ def api_base(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise typer.BadParameter(
-            f"{url!r} is not an http:// or https:// URL", param_hint="--server"
+            f"{url!r} is not an http:// or https:// URL",
+            param_hint=given_as("--server", "MSA_SERVER", url),
         )
     base = url.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"

@@ -42,9 +42,11 @@ def load(
     from msa.models import load_model
     from msa.models.question_peaks import prepare_scan
 
+    from .environment import check as check_environment
     from .generate import prepare_decode
     from .paths import calibrations_dir, quantized_models_dir, registered_models
 
+    check_environment()  # before a load could run with a switch it misread
     keep_freed_memory()
     start = time.perf_counter()
     key = (model, quant, dtype)

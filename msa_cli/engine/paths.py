@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .environment import given_cache_dir
+
 
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
@@ -14,11 +16,7 @@ def _xdg(var: str, fallback: str) -> Path:
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """The prefix cache and converted model copies: --cache-dir, MSA_CACHE_DIR,
     $XDG_CACHE_HOME/msa."""
-    if override:
-        return Path(override).expanduser()
-    if os.environ.get("MSA_CACHE_DIR"):
-        return Path(os.environ["MSA_CACHE_DIR"]).expanduser()
-    return _xdg("XDG_CACHE_HOME", ".cache") / "msa"
+    return given_cache_dir(override) or _xdg("XDG_CACHE_HOME", ".cache") / "msa"
 
 
 def converted_models_dir(cache: Path) -> Path:

@@ -11,11 +11,13 @@ the same document reads only the question.
     tokens.py   token ids of long documents, so a second ask does not tokenize again
 """
 
+from ..environment import CACHE_MAX as BUDGET_ENV
+from ..environment import cache_max as budget_from_env
 from .chains import Chain, ChainIndex
 from .errors import CacheBusyError, CacheError
 from .keys import FORMAT_VERSION, block_keys, identity, identity_hash
 from .prefix import CacheOptions, PrefixCache, prefix_dir
-from .sizes import BUDGET_ENV, DEFAULT_MAX_BYTES, budget_from_env, format_size, parse_size
+from .sizes import DEFAULT_MAX_BYTES, format_size, parse_size
 from .store import BadBlock, BlockStore
 
 __all__ = [

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from .errors import CacheError
 
-DEFAULT_MAX_BYTES = 10 * 1000**3  # 10 GB
-BUDGET_ENV = "MSA_CACHE_MAX"
+DEFAULT_MAX_BYTES = 10 * 1000**3  # 10 GB (MSA_CACHE_MAX: environment.py)
 
 _UNITS = {
     "": 1,
@@ -39,9 +37,3 @@ def format_size(n_bytes: int) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.1f} {unit}"
     return f"{n_bytes} B"
-
-
-def budget_from_env() -> int:
-    """The cache budget in bytes: $MSA_CACHE_MAX, else 10 GB."""
-    value = os.environ.get(BUDGET_ENV)
-    return parse_size(value, what=BUDGET_ENV) if value else DEFAULT_MAX_BYTES
