@@ -46,3 +46,32 @@ def test_import_msa_exports_the_engine_lazily():
     assert msa.load is msa.engine.load and msa.Session is msa.engine.Session
     with pytest.raises(AttributeError):
         msa.no_such_name  # noqa: B018
+
+
+@pytest.fixture
+def restores_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_load_takes_the_commands_threads(embedded, monkeypatch, restores_threads):
+    """`msa.load` runs as many threads as `msa ask` would: MSA_THREADS, else the cores free of
+    other work; `threads=` wins over both."""
+    import torch
+
+    import msa
+    from msa.engine import loading
+    from msa.engine.environment import SettingError
+
+    monkeypatch.setattr(loading, "idle_cores", lambda: 2)  # what /proc/stat would say
+    torch.set_num_threads(5)
+    assert msa.load().threads == 2 and torch.get_num_threads() == 2
+    monkeypatch.setenv("MSA_THREADS", "3")
+    assert msa.load().threads == 3 and torch.get_num_threads() == 3
+    assert msa.load(threads=1).threads == 1 and torch.get_num_threads() == 1
+    monkeypatch.setenv("MSA_THREADS", "many")
+    with pytest.raises(SettingError, match=r"^MSA_THREADS: 'many' is not a whole number from 1"):
+        msa.load()

@@ -26,14 +26,17 @@ def local_model(
     """The engine's `Model` for --model, loaded on the cores free of other
     work unless --threads says otherwise."""
     from ..engine import load
-    from ..engine.loading import set_threads
 
-    n_threads = set_threads(threads)
     loaded = load(
-        model, quant=quant, dtype=dtype, cache_dir=cache_dir, note=None if quiet else note
+        model,
+        quant=quant,
+        dtype=dtype,
+        threads=threads,
+        cache_dir=cache_dir,
+        note=None if quiet else note,
     )
     if verbose:
-        note(_model_line(loaded.loaded, loaded.load_s, n_threads, attention))
+        note(_model_line(loaded.loaded, loaded.load_s, loaded.threads, attention))
     return loaded
 
 

@@ -13,11 +13,13 @@ from .paths import cache_dir, converted_models_dir
 
 
 def set_threads(threads: int | None) -> int:
-    """PyTorch's (and the decode step's) CPU threads: `threads`, or as many as there are cores
-    free of other work (idle_cores.py)."""
+    """PyTorch's (and the decode step's) CPU threads: `threads`, else MSA_THREADS, else as many
+    as there are cores free of other work (idle_cores.py); the count set."""
     import torch
 
-    n = threads or idle_cores()
+    from .environment import threads as threads_from_env
+
+    n = threads or threads_from_env() or idle_cores()
     torch.set_num_threads(n)
     return n
 

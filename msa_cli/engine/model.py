@@ -33,22 +33,22 @@ def load(
     `quant`: int8, int4 or none (the weights as the file stores them when None); `dtype`: auto
     (the default: fp32, a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 layers prefilling on bf16 tiles where the
     CPU has AMX or AVX-512 BF16), fp32 (exact everywhere) or bf16; `threads`: PyTorch's CPU threads
-    (unchanged when None); `cache_dir`: where converted models, the prefix cache and spilled K/V
+    (when None: MSA_THREADS, else the cores free of other work, as `msa ask` runs; the count is
+    `Model.threads`); `cache_dir`: where converted models, the prefix cache and spilled K/V
     live (msa's, $XDG_CACHE_HOME/msa, when None);
     `note(message)`: told of a long wait (the decode step's first build). A model loaded before
     in this process is not loaded again.
     """
-    if threads is not None:
-        set_threads(threads)
+    n_threads = set_threads(threads)
     loaded, seconds = load_model(name, cache=cache_dir, quant=quant, dtype=dtype, note=note)
-    return Model(loaded, load_s=seconds, cache_dir=cache_dir)
+    return Model(loaded, load_s=seconds, cache_dir=cache_dir, threads=n_threads)
 
 
 class Model:
     """A loaded model (`loaded`: msa.models' LoadedModel) and where its caches live."""
 
-    def __init__(self, loaded, *, load_s: float = 0.0, cache_dir=None):
-        self.loaded, self.load_s = loaded, load_s
+    def __init__(self, loaded, *, load_s: float = 0.0, cache_dir=None, threads=None):
+        self.loaded, self.load_s, self.threads = loaded, load_s, threads
         self.cache_dir = resolve_cache_dir(cache_dir)
 
     @property
