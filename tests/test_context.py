@@ -106,10 +106,20 @@ def test_walks_a_directory_like_git(tree, deny_unreadable):
 
 
 def test_hidden_files_only_with_hidden(tree, deny_unreadable):
+    (tree / "sub" / ".git").write_text("gitdir: ../.git/modules/sub\n")  # a submodule's
     ctx = read_context([str(tree)], hidden=True, max_file_bytes=10_000)
     names = [os.path.relpath(f.path, tree) for f in ctx.files]
-    assert ".hidden.txt" in names and ".gitignore" in names and "big.txt" in names
-    assert not any(n.startswith(".git" + os.sep) for n in names)  # .git is never read
+    # git's own files (.gitignore, .git, the .git folder) are never documents
+    assert names == [
+        ".hidden.txt",
+        "a.txt",
+        "big.txt",
+        "keep.log",
+        "latin1.txt",
+        "link_in.txt",
+        os.path.join("sub", "b.md"),
+        os.path.join("sub", "z.txt"),
+    ]
 
 
 def test_lines_and_locate_map_offsets_to_files(tree, deny_unreadable):

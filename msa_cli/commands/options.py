@@ -161,7 +161,9 @@ DtypeOption = typer.Option(
     "int8 inputs without AMX, as fast with it; fast only on CPUs with bf16 units).",
 )
 HiddenOption = typer.Option(
-    False, "--hidden", help="Also read hidden files and folders of directories (.git never)."
+    False,
+    "--hidden",
+    help="Also read hidden files and folders of directories (.git and .gitignore never).",
 )
 ServerOption = typer.Option(
     None,

@@ -7,14 +7,14 @@ order of the arguments and, inside a directory, sorted by path, so an unchanged 
 gives the same text (a prefix cache hit) and an edit to one file keeps every file before it.
 
 Walking a directory: `.gitignore` files (at every level) and `.git/info/exclude` are honoured
-with pathspec's git-compatible matcher; `.git` is never read; other hidden files and folders
-are skipped unless `hidden`; symbolic links are followed only to regular files inside the
-tree, never to folders; FIFOs, sockets and devices are skipped; binary files (a NUL byte in
-the first 8 KiB), files over `max_file_bytes` and unreadable files are skipped with one
-warning each. Text that is not UTF-8 is read as Latin-1 (every byte is a character there),
-with a warning. PDF, EPUB and HTML files are turned into text (`converters`, the `msa[docs]`
-extra; without it they are skipped with a warning that says how to install it), and their
-size limit applies to that text.
+with pathspec's git-compatible matcher; `.git` and the `.gitignore` files are never read as
+documents; other hidden files and folders are skipped unless `hidden`; symbolic links are
+followed only to regular files inside the tree, never to folders; FIFOs, sockets and devices
+are skipped; binary files (a NUL byte in the first 8 KiB), files over `max_file_bytes` and
+unreadable files are skipped with one warning each. Text that is not UTF-8 is read as Latin-1
+(every byte is a character there), with a warning. PDF, EPUB and HTML files are turned into
+text (`converters`, the `msa[docs]` extra; without it they are skipped with a warning that
+says how to install it), and their size limit applies to that text.
 
 Every file keeps its place in the joined text (`ContextFile.start/end`, character offsets of
 its content), so a character offset maps back to a file and a 1-based line: `locate`; and,
@@ -37,7 +37,9 @@ from .document import read_document
 
 MAX_FILE_BYTES = 4_000_000  # about a million tokens: larger files are skipped from directories
 _SNIFF = 8192
-_NEVER_READ = {".git"}
+# git's own, never a document even with `hidden`: the .git folder (a file in a worktree or a
+# submodule) and the .gitignore files, which are the walk's rules, not text to ask about
+_NEVER_READ = {".git", ".gitignore"}
 
 
 @dataclass
@@ -182,7 +184,11 @@ def _walk(root: str, *, hidden: bool, skip: Callable[[str, str], None]):
         dirs[:] = kept
         for name in files:
             rel = os.path.join(rel_folder, name)
-            if (name.startswith(".") and not hidden) or _ignored(rules, rel, is_dir=False):
+            if (
+                name in _NEVER_READ
+                or (name.startswith(".") and not hidden)
+                or _ignored(rules, rel, is_dir=False)
+            ):
                 continue
             found.append((rel, os.path.join(folder, name)))
     for rel, full in sorted(found, key=lambda pair: pair[0].split(os.sep)):
