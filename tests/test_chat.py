@@ -147,3 +147,20 @@ def test_the_repl_keeps_history_and_leaves_on_ctrl_d(embedded, doc, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == str(doc) and len(session.turns) == 1 and out[1] == session.turns[0].answer
     assert "Who was the first keeper?" in history.read_text() and "/context" in history.read_text()
+
+
+def test_chat_lists_sources_after_each_answer_as_ask_does(embedded, doc):
+    question = "Who was the first keeper?"
+    args = ["-n", "16", "--no-cache", "-q", "--sources"]
+    asked = CliRunner().invoke(app, ["ask", str(doc), question, *args])
+    assert asked.exit_code == 0, asked.output
+    assert "\n\nSources:\n" in asked.stdout
+    chat = CliRunner().invoke(app, ["chat", "-c", str(doc), *args], input=f"{question}\n" * 2)
+    assert chat.exit_code == 0, chat.output
+    # the first turn is the same question about the same document: the same answer and sources
+    assert chat.stdout.startswith(asked.stdout)
+    answer, listed = chat.stdout[len(asked.stdout) :].split("\n\nSources:\n")
+    assert "Tobias Wren" in answer
+    # one block after the sink holds the rest of the document: all the score
+    excerpt = "carpenter named Tobias Wren. The last keeper, Ada Pellow, left in 1989."
+    assert listed == f"  {doc}:2-3  1.00  {excerpt}\n"

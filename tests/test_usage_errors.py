@@ -75,6 +75,11 @@ EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "harbor-town
             ["ask", EXAMPLE, "q", "--server", "http://x", "--timeout", "inf"],
             "msa: error: '--timeout': inf is not a finite number (msa ask --help)",
         ),
+        (
+            ["chat", "-c", EXAMPLE, "--sources", "--server", "http://x"],
+            "msa: error: --sources: needs the local engine: leave out --server to list sources "
+            "(msa chat --help)",
+        ),
         (["no-such-command"], "msa: error: No such command 'no-such-command'. (msa --help)"),
     ],
 )

@@ -25,6 +25,7 @@ from .options import (
     QuietOption,
     SeedOption,
     ServerOption,
+    SourcesOption,
     SystemOption,
     TemperatureOption,
     ThreadsOption,
@@ -34,6 +35,7 @@ from .options import (
     VerboseOption,
     attention_settings,
     check_precision,
+    check_sources,
     check_top_p,
     check_verbosity,
 )
@@ -68,11 +70,7 @@ def ask(
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
-    sources: bool = typer.Option(
-        False,
-        "--sources",
-        help="After the answer, list the passages the model read (file, lines, score).",
-    ),
+    sources: bool = SourcesOption,
     hidden: bool = HiddenOption,
     server: str | None = ServerOption,
     api_key: str | None = ApiKeyOption,
@@ -105,10 +103,7 @@ def ask(
     check_top_p(top_p)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     check_precision(quant, dtype)
-    if server and sources:
-        raise typer.BadParameter(
-            "needs the local engine: leave out --server to list sources", param_hint="--sources"
-        )
+    check_sources(sources, server)
     document = read_context(paths, hidden=hidden, warn=quiet_or_note(quiet))
     if server:  # before the local engine's imports: a client does not load PyTorch
         from .remote_session import Sampling, ask_remote, connect
@@ -146,8 +141,7 @@ def ask(
 
 
 def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> None:
-    from .output import answer_figures, drawn, note, reading_summary, write_stdout
-    from .visible import visible
+    from .output import answer_figures, drawn, note, reading_summary, sources_block, write_stdout
 
     def summary(reading) -> None:
         long = reading.joined or reading.prefill_tokens >= LONG_READ_TOKENS
@@ -190,4 +184,4 @@ def _answer(session, question, load_s, started_at, json_out, quiet, verbose) -> 
     else:
         write_stdout("\n")
         if found is not None:
-            write_stdout("\nSources:\n" + "".join(f"  {visible(s.line())}\n" for s in found))
+            write_stdout(sources_block(found))

@@ -31,6 +31,7 @@ from .options import (
     QuietOption,
     SeedOption,
     ServerOption,
+    SourcesOption,
     SystemOption,
     TemperatureOption,
     ThreadsOption,
@@ -40,6 +41,7 @@ from .options import (
     VerboseOption,
     attention_settings,
     check_precision,
+    check_sources,
     check_top_p,
     check_verbosity,
 )
@@ -71,6 +73,7 @@ def chat(
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
+    sources: bool = SourcesOption,
     hidden: bool = HiddenOption,
     server: str | None = ServerOption,
     api_key: str | None = ApiKeyOption,
@@ -96,6 +99,7 @@ def chat(
     check_top_p(top_p)
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     check_precision(quant, dtype)
+    check_sources(sources, server)
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if "-" in context and not interactive:
         raise typer.BadParameter(
@@ -128,7 +132,13 @@ def chat(
             sources=True,
             note=quiet_or_note(quiet),
         )
-        session = LocalChat(engine_session, progress=not quiet, summary=not quiet, verbose=verbose)
+        session = LocalChat(
+            engine_session,
+            progress=not quiet,
+            summary=not quiet,
+            verbose=verbose,
+            show_sources=sources,
+        )
         session.read_documents()
     if interactive:
         run_repl(session, data_dir() / "chat_history")
@@ -139,10 +149,19 @@ def chat(
 class LocalChat(Conversation):
     """A chat the local engine answers: the REPL's side of an engine `Session`."""
 
-    def __init__(self, session, *, progress: bool = False, summary: bool = False, verbose=False):
+    def __init__(
+        self,
+        session,
+        *,
+        progress: bool = False,
+        summary: bool = False,
+        verbose: bool = False,
+        show_sources: bool = False,
+    ):
         super().__init__(session.documents)
         self.session = session
         self.progress, self.summary, self.verbose = progress, summary, verbose
+        self.show_sources = show_sources
 
     def read_documents(self) -> None:
         """Restore what the prefix cache holds of the documents and prefill the rest."""
@@ -162,24 +181,32 @@ class LocalChat(Conversation):
     def ask(self, question: str) -> Iterator[str]:
         """Stream the answer; the turn is recorded when the iterator ends or is cut short."""
         before = self.session.usage
-        turn = Turn(question, "", [], None, stopped=True)
+        turn = Turn(question, "", None, None, stopped=True)
         events = self.session.ask(question)
         try:
             for event in events:
                 if event.kind == "text":
                     turn.answer += event.text
                     yield event.text
+                elif event.kind == "sources":
+                    turn.sources = event.sources
                 elif event.kind == "done":
                     turn.stopped = False
         finally:
             events.close()
             if self.session.usage is not before:  # the turn began (was not refused)
                 turn.timings = self.session.usage
-                turn.sources = self.session.sources()
+                if turn.sources is None:  # stopped before the engine listed them
+                    turn.sources = self.session.sources()
                 self.turns.append(turn)
 
     def after_answer(self) -> None:
-        """--verbose: the last answer's figures on stderr."""
+        """--sources: the passages the last answer read, on stdout, as `msa ask` lists them;
+        --verbose: its figures on stderr."""
+        if self.show_sources and self.turns:
+            from .output import sources_block, write_stdout
+
+            write_stdout(sources_block(self.turns[-1].sources))
         if self.verbose and self.turns:
             from .output import answer_figures, note
 

@@ -160,6 +160,11 @@ DtypeOption = typer.Option(
     "(prefill on bf16 tiles, ten times closer to exact fp32 than llama.cpp: 1.5x slower than "
     "int8 inputs without AMX, as fast with it; fast only on CPUs with bf16 units).",
 )
+SourcesOption = typer.Option(
+    False,
+    "--sources",
+    help="After the answer, list the passages the model read (file, lines, score).",
+)
 HiddenOption = typer.Option(
     False,
     "--hidden",
@@ -234,6 +239,13 @@ def check_verbosity(quiet: bool, verbose: bool) -> None:
     if quiet and verbose:
         raise typer.BadParameter(
             "--quiet and --verbose contradict each other", param_hint="--verbose"
+        )
+
+
+def check_sources(sources: bool, server: str | None) -> None:
+    if server and sources:  # a server sends no attention to score passages by
+        raise typer.BadParameter(
+            "needs the local engine: leave out --server to list sources", param_hint="--sources"
         )
 
 

@@ -149,6 +149,11 @@ def write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
+def sources_block(sources) -> str:
+    """What --sources prints after an answer's line: a blank line, then one line a passage."""
+    return "\nSources:\n" + "".join(f"  {visible(s.line())}\n" for s in sources)
+
+
 def reading_summary(reading: Reading) -> str:
     """`reading 12 files, 3,456 tokens (2 skipped), 1,024 from the prefix cache; about 6 s at
     410 tok/s`."""
