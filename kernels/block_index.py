@@ -65,6 +65,26 @@ def token_log_probs(
     return torch.log_softmax(logits, dim=-1)
 
 
+def learned_log_probs(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    q_pos: torch.Tensor,
+    q_proj: torch.Tensor,
+    k_proj: torch.Tensor,
+) -> torch.Tensor:
+    """A learned index's log softmax (a retrofit of MiniMax-M3's index branch): one index query
+    per KV group, sum_h q_h @ q_proj[g, h] [d], against one index key per token, k @ k_proj[g]
+    [d] (q [Hq, T, D] at q_pos [T], keys [Hkv, n, D] as cached; q_proj [Hkv, G, D, d], k_proj
+    [Hkv, D, d], the temperature folded in): [Hkv, T, n] in fp32, -inf past the query."""
+    hkv, group, _, _ = q_proj.shape
+    _, t, d = q.shape
+    q_idx = torch.einsum("ghtd,ghde->gte", q.float().view(hkv, group, t, d), q_proj)
+    k_idx = keys.float() @ k_proj  # [Hkv, n, d]
+    logits = q_idx @ k_idx.mT  # [Hkv, T, n]
+    future = torch.arange(keys.shape[1], device=q.device)[None, :] > q_pos.to(q.device)[:, None]
+    return torch.log_softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+
+
 def _by_block(x: torch.Tensor, block_size: int, fill: float) -> torch.Tensor:
     """x [..., n] -> [..., ceil(n / B), B], the last block padded with `fill`."""
     n = x.shape[-1]

@@ -35,6 +35,18 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the needles' keys and values."),
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
+    index: bool = typer.Option(
+        False,
+        "--index",
+        help="Distill MSA's block index from the model's dense attention instead (kept for MODEL; "
+        "`msa eval fidelity --candidates l-max-k16` measures it).",
+    ),
+    index_dim: int = typer.Option(
+        32, "--index-dim", min=4, max=256, help="With --index: channels of the index."
+    ),
+    index_steps: int = typer.Option(
+        300, "--index-steps", min=1, help="With --index: optimizer steps a layer."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the per-layer figures as JSON."),
     cache_dir: str | None = CacheDirOption,
 ):
@@ -75,6 +87,11 @@ def calibrate(
     def progress(done: int, total: int) -> None:
         print(f"\rmsa: calibrating: {done}/{total}", end="", file=sys.stderr, flush=True)
 
+    if index:
+        fit = (index_dim, index_steps, seed)
+        _distill_index(loaded, prose, tokens, fit, progress, json_out, cache_dir)
+        return
+
     result = measure(loaded, prose, length=tokens, needles=needles, seed=seed, on_step=progress)
     print(file=sys.stderr)
     d = result.defaults
@@ -90,3 +107,33 @@ def calibrate(
         f"{loaded.name}: top-k {d.topk}; stored in {path} and used from now on where --topk "
         "is not given"
     )
+
+
+def _distill_index(loaded, prose, tokens, fit, progress, json_out, cache_dir) -> None:
+    """`msa calibrate --index`: distill, store and report the model's block index; `fit`: its
+    channels, optimizer steps and seed."""
+    from ..engine.evals.fidelity import selecting_layers
+    from ..engine.index_calibration import distill, index_path, save_index
+    from ..engine.paths import cache_dir as resolve_cache_dir
+    from ..engine.paths import calibrations_dir
+    from .output import note, print_rows
+
+    layers = selecting_layers(loaded.model)
+    dim, steps, seed = fit
+    result = distill(loaded, prose, length=tokens, layers=layers, dim=dim, steps=steps,
+                     seed=seed, on_layer=progress)  # fmt: skip
+    print(file=sys.stderr)
+    path = index_path(calibrations_dir(resolve_cache_dir(cache_dir)), loaded.digest)
+    save_index(result.index, path)
+    rows = [
+        {"layer": layer, "KL before": round(result.kl_before[layer], 3),
+         "KL after": round(result.kl_after[layer], 3)}
+        for layer in layers
+    ]  # fmt: skip
+    title = (
+        f"msa calibrate --index: {loaded.name}, {result.tokens:,} tokens, {dim} channels, "
+        f"{result.seconds:.0f} s, {result.peak_bytes / 2**20:,.0f} MiB a layer; KL of the "
+        "group's attention to the index's, held-out queries"
+    )
+    print_rows(rows, json_out, title)
+    note(f"{loaded.name}: MSA index stored in {path}")

@@ -97,6 +97,14 @@ def eval_fidelity(
         settings = AttentionSettings(topk=topk, selection=selection, top_p=mass)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
+    learned = None
+    if any(c.bits == fidelity_mass.LEARNED for c in chosen):
+        from ..engine.index_calibration import index_path, load_index
+        from ..engine.paths import cache_dir as resolve_cache_dir
+        from ..engine.paths import calibrations_dir
+
+        folder = calibrations_dir(resolve_cache_dir(cache_dir))
+        learned = load_index(index_path(folder, engine.loaded.digest), engine.loaded.digest)
     names = ",".join(c.name for c in chosen)
     # what makes a row besides quest's defaults (rows of quest's keep their first ids)
     chosen_selection = {"selection": selection, "top_p": mass} if selection != "quest" else {}
@@ -124,6 +132,7 @@ def eval_fidelity(
                 length=length,
                 seed=seed,
                 candidates=chosen,
+                learned=learned,
                 attention=settings,
                 on_question=progress,
                 skip=lambda key, id_of=id_of: id_of(key) in store.done,

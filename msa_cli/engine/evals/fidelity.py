@@ -153,6 +153,7 @@ def measure_document(
     length: int,
     seed: int,
     candidates: list[Candidate],
+    learned=None,
     attention=None,
     layout: dict[str, int] | None = None,
     on_question: Callable[[Row], None] | None = None,
@@ -175,7 +176,7 @@ def measure_document(
     prefill(model, cache, context)
     rows = []
     for q in todo:
-        row = _measure_question(loaded, cache, context, q, candidates, length, seed)
+        row = _measure_question(loaded, cache, context, q, (candidates, learned), length, seed)
         row.id = id_of(q.key)
         rows.append(row)
         if on_question:
@@ -208,6 +209,8 @@ def _teacher_forced(model, cache, tail, target, question_from, observer) -> tupl
 
 
 def _measure_question(loaded, cache, context, q: Question, candidates, length, seed) -> Row:
+    """`candidates`: (the index candidates, the model's distilled index or None)."""
+    candidates, learned = candidates
     start = time.perf_counter()
     model, tok = loaded.model, loaded.tokenizer
     tail, target = _tail_and_target(tok, q)
@@ -220,7 +223,7 @@ def _measure_question(loaded, cache, context, q: Question, candidates, length, s
         model, cache, tail, target, n_context, capture
     )
     row.mass, row.blocks = mass_held(
-        cache, capture, layers, candidates, n_question=len(tail), first=n_context
+        cache, capture, layers, candidates, n_question=len(tail), first=n_context, learned=learned
     )
     cache.truncate(n_context)
     # dense attention over the same cache
@@ -238,7 +241,9 @@ def _measure_question(loaded, cache, context, q: Question, candidates, length, s
 
 
 def _dense(plan):
-    return dataclasses.replace(plan, sparse_from=math.inf)
+    """`plan` attending densely, by the same kernels whatever its selection (the fused decode
+    step runs under Quest's plans only, and its sums round apart from the per-op path's)."""
+    return dataclasses.replace(plan, sparse_from=math.inf, selection="quest", top_p=None)
 
 
 def row_json(row: Row) -> str:

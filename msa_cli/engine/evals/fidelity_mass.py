@@ -15,9 +15,13 @@ ENGINE = "msa"  # the engine's own selection, as `msa ask` runs it
 QUANTILES = [i / 20 for i in range(21)]  # what a row keeps of each layer's mass held
 
 
+LEARNED = 0  # Candidate.bits of the model's distilled index (index_calibration.py)
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """An index selection (kernels/block_index.py): key bits, pooling and budget."""
+    """An index selection (kernels/block_index.py): the model's own queries on keys of `bits`
+    bits, or (bits LEARNED) its distilled index; pooling and budget."""
 
     bits: int = 16
     pool: str = "max"
@@ -27,25 +31,31 @@ class Candidate:
     @property
     def name(self) -> str:
         budget = f"k{self.topk}" if self.top_p is None else f"p{self.top_p:g}-k{self.topk}"
-        return f"i{self.bits}-{self.pool}-{budget}"
+        index = "l" if self.bits == LEARNED else f"i{self.bits}"
+        return f"{index}-{self.pool}-{budget}"
 
     @classmethod
     def parse(cls, spec: str) -> Candidate:
-        """`i16-max-k16`, `i4-mass-k24`, `i1-max-p0.9-k64` (what `name` writes)."""
+        """`i16-max-k16`, `i4-mass-k24`, `i1-max-p0.9-k64`, `l-max-k16` (what `name` writes)."""
         parts = spec.strip().split("-")
         try:
-            if len(parts) not in (3, 4) or parts[0][0] != "i" or parts[-1][0] != "k":
+            if len(parts) not in (3, 4) or parts[0][0] not in "il" or parts[-1][0] != "k":
                 raise ValueError
-            bits, pool, topk = int(parts[0][1:]), parts[1], int(parts[-1][1:])
+            bits = LEARNED if parts[0] == "l" else int(parts[0][1:])
+            pool, topk = parts[1], int(parts[-1][1:])
             top_p = float(parts[2][1:]) if len(parts) == 4 and parts[2][0] == "p" else None
             if len(parts) == 4 and top_p is None:
                 raise ValueError
         except (ValueError, IndexError):
             raise InputError(
                 f"{spec!r}: a candidate is written i<bits>-<max|mass>-k<topk> or "
-                "i<bits>-<max|mass>-p<share>-k<most>, as i16-max-k16"
+                "i<bits>-<max|mass>-p<share>-k<most>, as i16-max-k16 (l for the distilled index)"
             ) from None
-        if bits not in block_index.INDEX_BITS or pool not in block_index.POOLS or topk < 1:
+        if (
+            bits not in (*block_index.INDEX_BITS, LEARNED)
+            or pool not in block_index.POOLS
+            or topk < 1
+        ):
             raise InputError(
                 f"{spec!r}: bits one of {', '.join(map(str, block_index.INDEX_BITS))}, pool max "
                 "or mass, top-k at least 1"
@@ -114,10 +124,12 @@ class Capture:
         return read
 
 
-def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, first: int):
+def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, first: int,
+              learned=None):  # fmt: skip
     """(mass, blocks): per selection, role (the question's `n_question` queries from `first`, the
     answer's after them) and layer, the QUANTILES of the share of dense attention the blocks read
-    hold; per selection, the mean blocks read per query."""
+    hold; per selection, the mean blocks read per query. `learned`: the model's distilled index
+    (index_calibration.LearnedIndex) for the LEARNED candidates."""
     plan = cache.plan
     block_size = plan.block_size
     masses: dict[str, dict[str, dict[str, list[float]]]] = {}
@@ -127,23 +139,20 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
         end = int(pos.max()) + 1
         keys = cache.fetch(layer, 0, end)[0]  # [Hkv, end, D] at true positions
         hkv, d = keys.shape[0], keys.shape[-1]
-        scale = d**-0.5
-        probs = block_index.token_log_probs(q, keys, pos, scale).exp()  # [Hq, T, end]
+        probs = block_index.token_log_probs(q, keys, pos, d**-0.5).exp()  # [Hq, T, end]
         n_blocks = -(-end // block_size)
         roles = {"question": pos < first + n_question, "answer": pos >= first + n_question}
         reads = {ENGINE: capture.engine_read(layer, pos, n_blocks, block_size)}
         by_bits: dict[int, torch.Tensor] = {}
         for c in candidates:
             if c.bits not in by_bits:
-                index_keys = block_index.index_keys(keys, c.bits)
-                by_bits[c.bits] = block_index.token_log_probs(q, index_keys, pos, scale)
-            logp = by_bits[c.bits]
+                by_bits[c.bits] = _index_log_probs(q, keys, pos, c.bits, learned, layer)
+            logp = by_bits[c.bits]  # [Hq or, learned, Hkv, T, end]
             scores = block_index.block_scores(logp, hkv, block_size, c.pool)
             estimated = None
             if c.top_p is not None:
-                group = q.shape[0] // hkv
                 estimated = block_index.block_mass(logp.exp(), block_size)
-                estimated = estimated.view(hkv, group, *estimated.shape[1:]).mean(1)
+                estimated = estimated.view(hkv, -1, *estimated.shape[1:]).mean(1)
             reads[c.name] = block_index.blocks_read(
                 scores,
                 pos,
@@ -166,3 +175,14 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
                     round(v, 4) for v in quantiles
                 ]
     return masses, {name: round(sum(v) / len(v), 1) for name, v in counts.items()}
+
+
+def _index_log_probs(q, keys, pos, bits: int, learned, layer: int) -> torch.Tensor:
+    """Each query head's log-probabilities under keys of `bits` bits [Hq, T, n], or each KV
+    group's under the distilled index [Hkv, T, n]."""
+    if bits != LEARNED:
+        index_keys = block_index.index_keys(keys, bits)
+        return block_index.token_log_probs(q, index_keys, pos, keys.shape[-1] ** -0.5)
+    if learned is None or layer not in learned.layers:
+        raise InputError("no distilled MSA index for this model: `msa calibrate --index` first")
+    return block_index.learned_log_probs(q, keys, pos, *learned.layers[layer])
