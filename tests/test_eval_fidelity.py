@@ -89,8 +89,9 @@ def test_a_small_budget_holds_less_and_reads_what_it_says(embedded):
     )
     for row in rows:
         # sink, top-k and the query's own block (two where the window starts a block early)
-        assert 2 + 2 <= row.blocks["i16-max-k2"] <= 2 + 2 + 1
-        assert row.blocks["i16-max-k8"] > row.blocks["i16-max-k2"]
+        for role in ("question", "answer"):
+            assert 2 + 2 <= row.blocks["i16-max-k2"][role] <= 2 + 2 + 1
+            assert row.blocks["i16-max-k8"][role] > row.blocks["i16-max-k2"][role]
         assert min(_quantiles(row, "msa")) < 0.99
         small, large = _quantiles(row, "i16-max-k2"), _quantiles(row, "i16-max-k8")
         assert all(s <= x + 1e-4 for s, x in zip(sorted(small), sorted(large)))
@@ -102,7 +103,7 @@ def _row(name, layers: dict[int, float], kind="single"):
     return {
         "kind": kind,
         "mass": {name: {"question": sketch}},
-        "blocks": {name: 10.0},
+        "blocks": {name: {"question": 10.0}},
         "logprob": {"msa": -2.0, "dense": -1.0},
         "exact": {"msa": False, "dense": True},
         "answer_tokens": 4,

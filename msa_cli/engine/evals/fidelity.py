@@ -135,8 +135,8 @@ class Row:
     exact: dict[str, bool] = field(default_factory=dict)
     # selection -> role (question, answer) -> layer -> QUANTILES of mass held
     mass: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
-    # selection -> mean blocks read per query
-    blocks: dict[str, float] = field(default_factory=dict)
+    # selection -> role -> mean blocks read per query
+    blocks: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
 
 

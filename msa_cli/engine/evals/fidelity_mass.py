@@ -128,12 +128,12 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
               learned=None):  # fmt: skip
     """(mass, blocks): per selection, role (the question's `n_question` queries from `first`, the
     answer's after them) and layer, the QUANTILES of the share of dense attention the blocks read
-    hold; per selection, the mean blocks read per query. `learned`: the model's distilled index
-    (index_calibration.LearnedIndex) for the LEARNED candidates."""
+    hold; per selection and role, the mean blocks read per query. `learned`: the model's
+    distilled index (index_calibration.LearnedIndex) for the LEARNED candidates."""
     plan = cache.plan
     block_size = plan.block_size
     masses: dict[str, dict[str, dict[str, list[float]]]] = {}
-    counts: dict[str, list[float]] = {}
+    counts: dict[str, dict[str, list[float]]] = {}
     for layer in layers:
         q, pos = capture.layer_queries(layer)  # [Hq, T, D], [T]
         end = int(pos.max()) + 1
@@ -165,16 +165,23 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
             )
         for name, read in reads.items():
             held = block_index.held_mass(probs, read, block_size)  # [Hq, T]
-            counts.setdefault(name, []).append(float(read.sum(-1).float().mean()))
+            per_query = read.sum(-1).float().mean(0)  # [T]: blocks read, mean over KV heads
             for role, mask in roles.items():
                 if not bool(mask.any()):
                     continue
+                counts.setdefault(name, {}).setdefault(role, []).append(
+                    float(per_query[mask].mean())
+                )
                 values = held[:, mask].flatten().clamp(0, 1)
                 quantiles = torch.quantile(values, torch.tensor(QUANTILES)).tolist()
                 masses.setdefault(name, {}).setdefault(role, {})[str(layer)] = [
                     round(v, 4) for v in quantiles
                 ]
-    return masses, {name: round(sum(v) / len(v), 1) for name, v in counts.items()}
+    blocks = {
+        name: {role: round(sum(v) / len(v), 1) for role, v in by_role.items()}
+        for name, by_role in counts.items()
+    }
+    return masses, blocks
 
 
 def _index_log_probs(q, keys, pos, bits: int, learned, layer: int) -> torch.Tensor:

@@ -65,11 +65,18 @@ def summarize(rows: list[dict], *, resamples: int = 200, seed: int = 0) -> list[
                     (worst_med, *_interval([b[0] for b in boot])),
                     (worst_p10, *_interval([b[1] for b in boot])),
                     mean_med,
-                    sum(r["blocks"].get(name, 0) for r in have) / len(have),
+                    sum(_blocks(r, name, role) for r in have) / len(have),
                     len(have),
                 )
             )
     return out
+
+
+def _blocks(row: dict, name: str, role: str) -> float:
+    """The mean blocks a row's selection read per query of `role` (rows written before the
+    roles were counted apart give one figure for both)."""
+    blocks = row["blocks"].get(name, 0.0)
+    return blocks.get(role, 0.0) if isinstance(blocks, dict) else blocks
 
 
 def _interval(values: list[float]) -> tuple[float, float]:
