@@ -12,7 +12,6 @@ from .errors import reports_errors
 from .options import (
     CacheDirOption,
     DtypeOption,
-    JsonOption,
     ModelOption,
     QuantOption,
     ResultsOption,
@@ -35,8 +34,9 @@ def eval_fidelity(
         None,
         "--candidates",
         help="Index selections measured beside the engine's, comma-separated: "
-        "i<bits>-<max|mass>-k<topk> or i<bits>-<max|mass>-p<share>-k<most> "
-        "[default: a sweep of bits, pooling and budgets]",
+        "i<bits>-<max|mass>-k<topk> or i<bits>-<max|mass>-p<share>-k<most>, l in place of "
+        "i<bits> for the index `msa calibrate --index` distilled [default: a sweep of bits, "
+        "pooling and budgets]",
     ),
     haystack: str | None = typer.Option(
         None, "--haystack", help="A prose text file to hide needles in (default: a shipped book)."
@@ -61,7 +61,9 @@ def eval_fidelity(
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
     dtype: str = DtypeOption,
-    json_out: bool = JsonOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object: the tables and each layer's median."
+    ),
     cache_dir: str | None = CacheDirOption,
 ):
     """How much of dense attention MSA's selected blocks hold, layer by layer, for a question's
