@@ -166,3 +166,12 @@ def held_mass(probs: torch.Tensor, read: torch.Tensor, block_size: int) -> torch
     mass = block_mass(probs, block_size)  # [Hq, T, nb]
     group = hq // read.shape[0]
     return (mass * read.repeat_interleave(group, dim=0)).sum(-1)
+
+
+def read_ids(read: torch.Tensor) -> torch.Tensor:
+    """The blocks a selection reads, from bool [..., nb] (`blocks_read`): int64 [..., K]
+    ascending, -1 padded, K the most any row reads."""
+    width = max(int(read.sum(-1).max()), 1) if read.numel() else 1
+    ranked = torch.where(read, torch.arange(read.shape[-1], device=read.device), read.shape[-1])
+    ids = ranked.sort(dim=-1).values[..., :width]
+    return ids.masked_fill(ids == read.shape[-1], -1)

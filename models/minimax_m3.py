@@ -5,18 +5,18 @@ one shared index key head, both Gemma-RMS-normed and rotated like q and k. Per q
 scores `q_idx . k_idx` of every earlier token (causal, unscaled) are max-pooled over blocks of
 `index_block_size` tokens; the query's own `index_local_blocks` blocks are always kept (their
 score is set to +inf), and the top `index_topk_blocks` blocks in all (the local ones included;
-no sink) are read by exact softmax attention on the real K/V, token-causal inside the query's
-block. Every query picks its own blocks, in prefill too, as the reference does. Index keys
-are cached beside K/V in an `IndexedKVCache`. Other layers attend densely.
+no sink; kernels/block_index.py, the op the retrofitted models' index uses too) are read by
+exact softmax attention on the real K/V, token-causal inside the query's block. Every query
+picks its own blocks, in prefill too, as the reference does. Index keys are cached beside K/V
+in an `IndexedKVCache`. Other layers attend densely.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from msa.kernels import dense_attention, sparse_decode_attention
+from msa.kernels import block_index, dense_attention, sparse_decode_attention
 from msa.kernels.masked_attention import softmax_attend
 
 from .attention_settings import AttentionSettings
@@ -90,30 +90,28 @@ def select_index_blocks(
     topk_blocks: int,
     local_blocks: int,
 ) -> torch.Tensor:
-    """Blocks each query reads. q_idx: [Hidx, T, Di] at positions q_start..; k_idx: [Tk, Di]
-    (every cached token). Returns int64 [Hidx, T, min(topk_blocks, n_blocks)], best first,
-    -1 for slots with no eligible block (a query near the start has few)."""
+    """Blocks each query reads, by MSA's one selection op (kernels/block_index.py): each index
+    head's scores max-pooled per block (a softmax's shift per query changes no ranking), the
+    local blocks forced, the best others up to `topk_blocks` in all, no sink. q_idx: [Hidx, T,
+    Di] at positions q_start..; k_idx: [Tk, Di] (every cached token). Returns int64 [Hidx, T, K]
+    ascending, -1 padded."""
     h, t, _ = q_idx.shape
-    tk = k_idx.shape[0]
-    n_blocks = -(-tk // block_size)
-    k_pos = torch.arange(tk)
     parts = []
     for lo in range(0, t, _CHUNK):
-        hi = min(t, lo + _CHUNK)
-        q_pos = torch.arange(q_start + lo, q_start + hi)
-        scores = q_idx[:, lo:hi].float() @ k_idx.float().T  # [Hidx, Tc, Tk]
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        scores = F.pad(scores, (0, n_blocks * block_size - tk), value=float("-inf"))
-        block_scores = scores.view(h, hi - lo, n_blocks, block_size).amax(
-            -1
-        )  # [Hidx, Tc, n_blocks]
-        local = (q_pos[:, None] // block_size - torch.arange(local_blocks)).clamp(
-            min=0
-        )  # [Tc, local]
-        block_scores.scatter_(-1, local.expand(h, -1, -1), float("inf"))
-        top_scores, top = block_scores.topk(min(topk_blocks, n_blocks), dim=-1)
-        parts.append(top.masked_fill(top_scores == float("-inf"), -1))
-    return torch.cat(parts, dim=1)
+        q_pos = torch.arange(q_start + lo, q_start + min(t, lo + _CHUNK))
+        logp = block_index.token_log_probs(q_idx[:, lo : lo + _CHUNK], k_idx[None], q_pos, 1.0)
+        scores = block_index.block_scores(logp, h, block_size, "max")  # [Hidx, Tc, n_blocks]
+        parts.append(
+            block_index.blocks_read(
+                scores,
+                q_pos,
+                block_size,
+                topk=max(topk_blocks - local_blocks, 0),
+                sink_blocks=0,
+                local_blocks=local_blocks,
+            )
+        )
+    return block_index.read_ids(torch.cat(parts, dim=1))
 
 
 def block_sparse_attention(

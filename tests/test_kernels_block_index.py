@@ -150,3 +150,8 @@ def test_held_mass_is_whole_when_every_block_is_read_and_finds_a_planted_key():
     wrong = read.clone()
     wrong[0, 2, 37 // b] = False
     assert float(bi.held_mass(logp.exp(), wrong, b)[0, 2]) < 0.1
+
+
+def test_read_ids_lists_each_rows_blocks_ascending():
+    read = torch.tensor([[[True, False, True, True], [False, True, False, False]]])
+    assert bi.read_ids(read).tolist() == [[[0, 2, 3], [1, -1, -1]]]
