@@ -130,10 +130,10 @@ def _distill_index(loaded, prose, tokens, fit, progress, json_out, cache_dir) ->
          "KL after": round(result.kl_after[layer], 3)}
         for layer in layers
     ]  # fmt: skip
-    title = (
-        f"msa calibrate --index: {loaded.name}, {result.tokens:,} tokens, {dim} channels, "
-        f"{result.seconds:.0f} s, {result.peak_bytes / 2**20:,.0f} MiB a layer; KL of the "
-        "group's attention to the index's, held-out queries"
+    print_rows(rows, json_out, f"msa calibrate --index: {loaded.name}")
+    note(
+        f"{result.tokens:,} tokens, {dim} channels, {result.seconds:.0f} s, "
+        f"{result.peak_bytes / 2**20:,.0f} MiB a layer; KL of each KV group's attention to the "
+        "index's, on queries held out of the fit"
     )
-    print_rows(rows, json_out, title)
     note(f"{loaded.name}: MSA index stored in {path}")
