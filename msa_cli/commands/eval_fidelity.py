@@ -48,7 +48,8 @@ def eval_fidelity(
         "quest",
         "--selection",
         help="How the engine's question and answer choose blocks: quest (the rules of today) or "
-        "index (each query's own attention max-pooled per block; reads every key).",
+        "index (each query's own attention max-pooled per block, read at true distances within "
+        "the model's context; reads every key).",
     ),
     mass: float | None = typer.Option(
         None,
@@ -96,7 +97,11 @@ def eval_fidelity(
     engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir,
                         note=note)  # fmt: skip
     try:
-        settings = AttentionSettings(topk=topk, selection=selection, top_p=mass)
+        # the index scores keys at their true distances, so its blocks are read there too,
+        # within the trained context (bounded_from None): moved next to the question, single
+        # needles the index had found were lost (benchmarks/README.md, "Selection fidelity")
+        bounded = {"bounded_from": None} if selection == "index" else {}
+        settings = AttentionSettings(topk=topk, selection=selection, top_p=mass, **bounded)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
     learned = None
@@ -109,7 +114,11 @@ def eval_fidelity(
         learned = load_index(index_path(folder, engine.loaded.digest), engine.loaded.digest)
     names = ",".join(c.name for c in chosen)
     # what makes a row besides quest's defaults (rows of quest's keep their first ids)
-    chosen_selection = {"selection": selection, "top_p": mass} if selection != "quest" else {}
+    chosen_selection = (
+        {"selection": selection, "top_p": mass, "far_blocks": "true distances"}
+        if selection != "quest"
+        else {}
+    )
     records = []
     for length in sizes:
         for seed in seed_list:
