@@ -230,8 +230,10 @@ def _measure_question(loaded, cache, context, q: Question, candidates, length, s
     sparse_plan = cache.plan
     cache.plan = _dense(sparse_plan)
     try:
+        # per op, as the captured MSA run above: the fused decode step's products (int8 inputs,
+        # as llama.cpp's) round apart from the per-op path's by more than MSA and dense differ
         row.logprob["dense"], row.exact["dense"] = _teacher_forced(
-            model, cache, tail, target, n_context, None
+            model, cache, tail, target, n_context, Capture([])
         )
     finally:
         cache.plan = sparse_plan
@@ -241,9 +243,7 @@ def _measure_question(loaded, cache, context, q: Question, candidates, length, s
 
 
 def _dense(plan):
-    """`plan` attending densely, by the same kernels whatever its selection (the fused decode
-    step runs under Quest's plans only, and its sums round apart from the per-op path's)."""
-    return dataclasses.replace(plan, sparse_from=math.inf, selection="quest", top_p=None)
+    return dataclasses.replace(plan, sparse_from=math.inf)
 
 
 def row_json(row: Row) -> str:
