@@ -149,6 +149,10 @@ def test_the_command_measures_resumes_and_refuses_bad_candidates(embedded, tmp_p
     assert again.exit_code == 0 and json.loads(again.stdout) == out
     assert "logprob" not in again.stderr  # nothing measured again
     assert len(results.read_text().splitlines()) == 16
+    short = CliRunner().invoke(app, ["eval", "fidelity", "-l", "100", "--seeds", "0"])
+    assert short.exit_code == 3 and "too short for 24 needles" in short.stderr
+    mass_alone = CliRunner().invoke(app, ["eval", "fidelity", "--mass", "0.9"])
+    assert mass_alone.exit_code == 2 and "only for the index selection" in mass_alone.stderr
     bad = CliRunner().invoke(app, ["eval", "fidelity", "--candidates", "i3-max-k4"])
     assert (
         bad.exit_code == 3

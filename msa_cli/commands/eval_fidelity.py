@@ -91,11 +91,6 @@ def eval_fidelity(
     except ValueError:
         raise typer.BadParameter(f"{seeds!r}: seeds are integers", param_hint="--seeds") from None
     chosen = fidelity_mass.parse_candidates(candidates or fidelity_mass.DEFAULT_CANDIDATES)
-    prose = read_prose(haystack) if haystack else shipped_prose()
-    store = ResultsFile(results)
-    set_threads(threads)
-    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir,
-                        note=note)  # fmt: skip
     try:
         # the index scores keys at their true distances, so its blocks are read there too,
         # within the trained context (bounded_from None): moved next to the question, single
@@ -104,6 +99,11 @@ def eval_fidelity(
         settings = AttentionSettings(topk=topk, selection=selection, top_p=mass, **bounded)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
+    prose = read_prose(haystack) if haystack else shipped_prose()
+    store = ResultsFile(results)
+    set_threads(threads)
+    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir,
+                        note=note)  # fmt: skip
     learned = None
     if any(c.bits == fidelity_mass.LEARNED for c in chosen):
         from ..engine.index_calibration import index_path, load_index

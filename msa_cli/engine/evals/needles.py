@@ -97,7 +97,7 @@ def planted_prompt(tokenizer, prose: Prose, planted: list[tuple[float, str]], le
         return " ".join(place(prose.sentences(n_words), planted))
 
     def tokens(n_words: int) -> int:
-        return len(tokenizer.encode(text(n_words))) if n_words else 0
+        return len(tokenizer.encode(text(n_words)))  # the needles count from the first
 
     try:
         n_words, _ = fit_units(tokens, length, max(64, length // 50))
