@@ -67,7 +67,8 @@ def test_reading_every_block_holds_all_of_dense_attention(embedded):
     )
     assert [r.kind for r in rows] == ["single", "near", "near", "near", "multi"]
     for row in rows:
-        assert row.prompt_tokens <= 1536 + 64 and row.answer_tokens >= 8
+        # the document within 64 tokens under its length, then the question and the answer's start
+        assert 1536 - 64 <= row.prompt_tokens <= 1536 + 96 and row.answer_tokens >= 8
         assert set(row.mass) == {"msa", "i16-max-k1000"}
         assert set(row.mass["msa"]) == {"question", "answer"}
         assert len(row.mass["msa"]["answer"]) == embedded.config.num_hidden_layers

@@ -9,6 +9,10 @@ import sys
 import typer
 
 from .errors import reports_errors
+
+# how a document is sized (2: the template's head and the needles count toward the length); rows
+# measured on documents sized otherwise are not resumed
+DOCUMENT = 2
 from .options import (
     CacheDirOption,
     DtypeOption,
@@ -126,7 +130,7 @@ def eval_fidelity(
             def id_of(key, length=length, seed=seed):
                 return item_id(model=engine.name, length=length, seed=seed, key=key,
                                haystack=prose.digest, topk=topk, candidates=names,
-                               **chosen_selection)  # fmt: skip
+                               document=DOCUMENT, **chosen_selection)  # fmt: skip
 
             def progress(row):
                 store.add(json.loads(fidelity.row_json(row)))

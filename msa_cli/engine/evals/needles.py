@@ -89,15 +89,16 @@ def place(units: list[str], planted: list[tuple[float, str]]) -> list[str]:
 
 
 def planted_prompt(tokenizer, prose: Prose, planted: list[tuple[float, str]], length: int):
-    """(prompt, document): the prompt (as msa builds it, question left out) of a prose document
-    of about `length` tokens with each (depth, text) of `planted` placed at its depth, and the
-    document's text. A length too short for them is an InputError."""
+    """(prompt, document): the prompt (as msa builds it, question left out) of about `length`
+    tokens (the template's head and a prose document) with each (depth, text) of `planted` placed
+    at its depth, and the document's text. A length too short for them is an InputError."""
+    head = build_prompt(tokenizer, "", "").context_length  # the template before a document
 
     def text(n_words: int) -> str:
         return " ".join(place(prose.sentences(n_words), planted))
 
-    def tokens(n_words: int) -> int:
-        return len(tokenizer.encode(text(n_words)))  # the needles count from the first
+    def tokens(n_words: int) -> int:  # the needles count from the first
+        return head + len(tokenizer.encode(text(n_words)))
 
     try:
         n_words, _ = fit_units(tokens, length, max(64, length // 50))
