@@ -9,10 +9,6 @@ import sys
 import typer
 
 from .errors import reports_errors
-
-# how a document is sized (2: the template's head and the needles count toward the length); rows
-# measured on documents sized otherwise are not resumed
-DOCUMENT = 2
 from .options import (
     CacheDirOption,
     DtypeOption,
@@ -24,6 +20,10 @@ from .options import (
     check_precision,
     parse_lengths,
 )
+
+# how a document is sized (2: the template's head and the needles count toward the length); rows
+# measured on documents sized otherwise are not resumed
+DOCUMENT = 2
 
 
 @reports_errors
