@@ -8,7 +8,10 @@ pooling), and the group reads its sink and local blocks and the best-scored bloc
 them: `topk` of them, or with the plan's `top_p` the fewest whose share of the group's
 attention reaches it (kernels/block_index.py). Every KV head of a layer reads one set, the union
 of its groups' (the attention kernels read one set per step); a chunk's query block reads the
-union over its queries. None of Quest's rules for the question and the answer apply.
+union over its queries. None of Quest's rules for the question and the answer apply. The index
+scores far blocks at their true distances, so they are read there (bounded_from at the trained
+context, as `msa eval fidelity --selection index` sets it): moved next to the question, single
+needles the index had found were answered wrong (benchmarks/README.md, "Selection fidelity").
 
 It reads every key once per query, as much as dense attention's products, so it is the measure
 of what a compressed or learned index must approach (`msa eval fidelity`), not yet a speed-up.
