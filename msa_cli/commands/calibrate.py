@@ -113,9 +113,7 @@ def _distill_index(loaded, prose, tokens, fit, progress, json_out, cache_dir) ->
     """`msa calibrate --index`: distill, store and report the model's block index; `fit`: its
     channels, optimizer steps and seed."""
     from ..engine.evals.fidelity import selecting_layers
-    from ..engine.index_calibration import distill, index_path, save_index
-    from ..engine.paths import cache_dir as resolve_cache_dir
-    from ..engine.paths import calibrations_dir
+    from ..engine.index_calibration import distill, model_index_path, save_index
     from .output import note, print_rows
 
     layers = selecting_layers(loaded.model)
@@ -123,7 +121,7 @@ def _distill_index(loaded, prose, tokens, fit, progress, json_out, cache_dir) ->
     result = distill(loaded, prose, length=tokens, layers=layers, dim=dim, steps=steps,
                      seed=seed, on_layer=progress)  # fmt: skip
     print(file=sys.stderr)
-    path = index_path(calibrations_dir(resolve_cache_dir(cache_dir)), loaded.digest)
+    path = model_index_path(cache_dir, loaded.digest)
     save_index(result.index, path)
     rows = [
         {"layer": layer, "KL before": round(result.kl_before[layer], 3),

@@ -110,12 +110,10 @@ def eval_fidelity(
                         note=note)  # fmt: skip
     learned = None
     if any(c.bits == fidelity_mass.LEARNED for c in chosen):
-        from ..engine.index_calibration import index_path, load_index
-        from ..engine.paths import cache_dir as resolve_cache_dir
-        from ..engine.paths import calibrations_dir
+        from ..engine.index_calibration import load_index, model_index_path
 
-        folder = calibrations_dir(resolve_cache_dir(cache_dir))
-        learned = load_index(index_path(folder, engine.loaded.digest), engine.loaded.digest)
+        digest = engine.loaded.digest
+        learned = load_index(model_index_path(cache_dir, digest), digest)
     names = ",".join(c.name for c in chosen)
     # what makes a row besides quest's defaults (rows of quest's keep their first ids)
     chosen_selection = (

@@ -52,6 +52,14 @@ def index_path(folder: Path, digest: str) -> Path:
     return Path(folder) / f"{digest}.index.safetensors"
 
 
+def model_index_path(cache: str | None, digest: str) -> Path:
+    """Where the index of the weights of `digest` is kept under msa's cache (`cache`: --cache-dir,
+    None for the default), beside the top-k calibration."""
+    from .paths import cache_dir, calibrations_dir
+
+    return index_path(calibrations_dir(cache_dir(cache)), digest)
+
+
 def save_index(index: LearnedIndex, path: Path) -> None:
     """Write `index` whole or not at all."""
     tensors = {}
