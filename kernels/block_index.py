@@ -1,15 +1,16 @@
 """MSA's block index (MSA.md, "Our design"): per-token index scores, pooled per block and KV
-group, and the blocks a budget keeps. The plain PyTorch definition, used by the selection-
-fidelity yardstick (msa.engine.evals.fidelity) to compare index choices before one is built
-into the decode path.
+group, and the blocks a budget keeps. The plain PyTorch definition: the selection-fidelity
+yardstick (msa.engine.evals.fidelity) compares index choices with it, and index_selection.py
+selects the question's and the answer's blocks by it from the cache's stored index.
 
 For queries q [Hq, T, D] at positions q_pos [T] and keys k [Hkv, n, D] (as cached, at their
 true positions), G = Hq // Hkv query heads per KV group, B = block_size:
 
-    index keys     k~ = `index_keys(k, bits)`: the keys as an index of `bits` per channel
-                   would hold them (16: as given; below, centered per channel, then 8, 4:
-                   symmetric, one scale per token and KV head; 1: the sign times the row's mean
-                   magnitude, as FIER's 1-bit keys)
+    index keys     k~ = `index_keys(k, bits, B)`: the keys as an index of `bits` per channel
+                   holds them (16: as given; below, each block's mean in fp16 plus the
+                   residual rounded per token: 8, 4 bits on a symmetric grid, 1 bit its sign
+                   times its mean magnitude, as FIER's 1-bit keys); `pack_index` stores the
+                   4-bit form (14% of fp16 K/V's bytes at D 128), `unpack_index` reads it
     token scores   log p~_h(t) = log softmax_t (q_h . k~_t * scale) over t <= q_pos
                    (each query head's own attention under the index keys; `token_log_probs`)
     block scores   "max":  max over the group's heads and the block's tokens of log p~_h(t)
@@ -33,22 +34,68 @@ INDEX_BITS = (16, 8, 4, 1)
 POOLS = ("max", "mass")
 
 
-def index_keys(keys: torch.Tensor, bits: int) -> torch.Tensor:
+def index_keys(keys: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
     """keys [..., n, D] as an index of `bits` bits per channel holds them, in fp32. Below 16 bits
-    the keys are centered first (each channel less its mean over the n tokens): every logit of a
-    query moves by the same q . mean, which no softmax sees, while a channel that is large in
-    every key (a key bias) no longer takes the grid's range from the others."""
+    each block of `block_size` tokens is centered first (each channel less its mean over the
+    block's tokens, the mean kept in fp16 beside the codes, as `pack_index` stores it): the mean's
+    part of a logit, q . mean, is computed exactly, and only the smaller residual is rounded, on
+    one symmetric grid per token and KV head (its scale in fp16). The last block may be partial."""
     k = keys.float()
     if bits == 16:
         return k
-    k = k - k.mean(dim=-2, keepdim=True)
-    if bits == 1:
-        return k.sign() * k.abs().mean(dim=-1, keepdim=True)
-    if bits not in (8, 4):
+    if bits not in INDEX_BITS:
         raise ValueError(f"index bits must be one of {', '.join(map(str, INDEX_BITS))}, not {bits}")
-    top = 2 ** (bits - 1) - 1  # 127, 7: symmetric, no -128 / -8
-    scale = k.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / top
-    return (k / scale).round().clamp(-top, top) * scale
+    whole = k.shape[-2] - k.shape[-2] % block_size
+    parts = (k[..., :whole, :], k[..., whole:, :])  # whole blocks, then a partial one
+    return torch.cat([_rounded(p, bits, block_size) for p in parts if p.shape[-2]], dim=-2)
+
+
+def _rounded(k: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
+    """`index_keys` of fp32 keys [..., n, D] whose n is a multiple of block_size (or one partial
+    block)."""
+    n, d = k.shape[-2:]
+    size = min(block_size, n)
+    blocks = k.reshape(*k.shape[:-2], n // size, size, d)
+    mean = blocks.mean(dim=-2, keepdim=True).half().float()
+    residual = blocks - mean
+    if bits == 1:
+        rounded = residual.sign() * residual.abs().mean(dim=-1, keepdim=True)
+    else:
+        top = 2 ** (bits - 1) - 1  # 127, 7: symmetric, no -128 / -8
+        scale = (residual.abs().amax(dim=-1, keepdim=True) / top).half().float()
+        codes = (residual / scale.clamp(min=_TINY)).round().clamp(-top, top)
+        rounded = codes * scale
+    return (mean + rounded).reshape(k.shape)
+
+
+# the smallest positive fp16 scale: a block whose residual is all zero rounds to code 0
+_TINY = 2.0**-24
+CODE_OFFSET = 8  # a stored 4-bit code is the signed code plus this, in 1..15
+
+
+def pack_index(keys: torch.Tensor, block_size: int):
+    """The stored 4-bit index of whole blocks of keys [Hkv, n, D] (n a multiple of block_size,
+    D even): codes uint8 [Hkv, n, D // 2] (channel 2i in the low nibble, 2i + 1 in the high),
+    scales fp16 [Hkv, n], means fp16 [Hkv, n // block_size, D]; `unpack_index` gives back
+    `index_keys(keys, 4, block_size)`. Per token and KV head: D / 2 + 2 bytes, and 2 D / B
+    bytes of its block's mean: 74 bytes against K/V's 512 at D 128 in fp16 (14%)."""
+    hkv, n, d = keys.shape
+    blocks = keys.float().view(hkv, n // block_size, block_size, d)
+    means = blocks.mean(dim=2).half()
+    residual = blocks - means.float()[:, :, None]
+    scales = (residual.abs().amax(dim=-1) / 7).half()  # [Hkv, nb, B]
+    codes = (residual / scales.float()[..., None].clamp(min=_TINY)).round().clamp(-7, 7)
+    codes = (codes + CODE_OFFSET).to(torch.uint8).view(hkv, n, d // 2, 2)
+    packed = codes[..., 0] | (codes[..., 1] << 4)
+    return packed, scales.view(hkv, n), means
+
+
+def unpack_index(codes: torch.Tensor, scales: torch.Tensor, means: torch.Tensor, block_size: int):
+    """fp32 keys [Hkv, n, D] from `pack_index`'s codes, scales and means."""
+    hkv, n, half = codes.shape
+    signed = torch.stack([codes & 15, codes >> 4], dim=-1).view(hkv, n, 2 * half).float() - 8
+    rounded = signed * scales.float()[..., None]
+    return rounded + means.float().repeat_interleave(block_size, dim=1)[:, :n]
 
 
 def token_log_probs(

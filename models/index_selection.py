@@ -1,8 +1,9 @@
 """MSA's selection by a per-token index (MSA.md, "Our design", 1), for the question's chunks and
 the answer's decode steps when the plan says `selection="index"`.
 
-Each query scores every earlier key with its own attention (the model's query against the keys
-as cached, at their true positions: the index at full precision), a block's score is the largest
+Each query scores every earlier key with its own attention: the model's query against the keys
+at their true positions as the cache's stored index holds them (4-bit residuals from each
+block's mean, kv_index.py; the last partial block as stored), a block's score is the largest
 log-probability any query head of the KV group gives one of its tokens (MiniMax-M3's max
 pooling), and the group reads its sink and local blocks and the best-scored blocks between
 them: `topk` of them, or with the plan's `top_p` the fewest whose share of the group's
@@ -13,15 +14,14 @@ scores far blocks at their true distances, so they are read there (bounded_from 
 context, as `msa eval fidelity --selection index` sets it): moved next to the question, single
 needles the index had found were answered wrong (benchmarks/README.md, "Selection fidelity").
 
-It reads every key once per query, as much as dense attention's products, so it is the measure
-of what a compressed or learned index must approach (`msa eval fidelity`), not yet a speed-up.
+It scores every indexed key once per query: a quarter of the keys' bytes.
 """
 
 from __future__ import annotations
 
 import torch
 
-from msa.kernels import block_index
+from msa.kernels import block_index, index_scores
 
 from .forward import ForwardContext
 
@@ -29,19 +29,35 @@ from .forward import ForwardContext
 QUERIES_AT_ONCE = 64
 
 
+def index_log_probs(q: torch.Tensor, q_pos: torch.Tensor, ctx: ForwardContext, layer: int):
+    """[Hq, T, end]: each query head's log-probabilities over the first `end` = q_pos[-1] + 1
+    tokens of `layer` as the index scores them: the full blocks' keys as the cache's stored
+    4-bit index holds them (kv_index.py, scored by kernels/index_scores.py), the last partial
+    block's as stored (every query reads its own block whole, so it is never indexed)."""
+    cache, end = ctx.cache, int(q_pos[-1]) + 1
+    codes, scales, means = cache.stored_index(layer, end)
+    indexed = codes.shape[1]
+    tail = cache.fetch(layer, indexed, end)[0].float()  # [Hkv, end - indexed, D]
+    hq, t, d = q.shape
+    hkv = tail.shape[0]
+    tail_logits = (q.float().reshape(hkv, hq // hkv * t, d) @ tail.mT).view(hq, t, -1)
+    logits = torch.cat([index_scores.index_logits(q, codes, scales, means, cache.block_size),
+                        tail_logits], dim=-1) * d**-0.5  # fmt: skip
+    future = torch.arange(end)[None, :] > q_pos[:, None]  # [T, end]
+    return torch.log_softmax(logits.masked_fill_(future, float("-inf")), dim=-1)
+
+
 def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
     """bool [T, n_blocks]: the blocks each query of q [Hq, T, D] at q_start.. reads in `layer`,
     for all KV heads (the union of their groups' selections)."""
-    plan, cache = ctx.plan, ctx.cache
+    plan = ctx.plan
     hq, t, d = q.shape
-    end = q_start + t
-    keys = cache.fetch(layer, 0, end)[0]  # [Hkv, end, D], restored blocks loaded
-    hkv = keys.shape[0]
+    hkv = ctx.cache.n_kv_heads
     parts = []
     for first in range(0, t, QUERIES_AT_ONCE):
         part = q[:, first : first + QUERIES_AT_ONCE].float()
         pos = torch.arange(q_start + first, q_start + first + part.shape[1])
-        logp = block_index.token_log_probs(part, keys, pos, d**-0.5)  # [Hq, t', end]
+        logp = index_log_probs(part, pos, ctx, layer)  # [Hq, t', end]
         scores = block_index.block_scores(logp, hkv, plan.block_size, "max")
         estimated = None
         if plan.top_p is not None:
@@ -58,7 +74,8 @@ def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int
             estimated_mass=estimated,
         )  # [Hkv, t', nb]
         parts.append(read.any(0))
-    return torch.cat(parts)
+    width = max(p.shape[-1] for p in parts)  # later parts see more blocks
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts])
 
 
 def decode_blocks(q: torch.Tensor, ctx: ForwardContext, layer: int):

@@ -50,6 +50,7 @@ from .answer_blocks import AnswerBlocks
 from .attention_plan import AttentionPlan, ModelAttention, with_defaults
 from .attention_settings import AttentionSettings
 from .disk_space import allocate, check_free_space
+from .kv_index import StoredIndex
 from .kv_int8 import round_rows
 from .kv_restore import RestoredBlocks
 from .kv_storage import kv_storage_dtype, row_scale_bytes
@@ -58,7 +59,7 @@ from .msa_defaults import rule_for_depth
 from .private_files import private_dir
 
 
-class KVCache(RestoredBlocks):
+class KVCache(RestoredBlocks, StoredIndex):
     def __init__(
         self,
         n_layers: int,
@@ -99,6 +100,7 @@ class KVCache(RestoredBlocks):
         # [frame (as stored, by content), layer, Hkv, n_blocks, (min, max), D]
         self._summary_store = torch.zeros(2, n_layers, n_kv_heads, cap // block_size, 2, head_dim)
         self.n_summarized = [0] * n_layers
+        self._init_index()  # MSA's block index, for the selections that read it (kv_index.py)
         self._restored: dict[int, dict[str, torch.Tensor]] = {}  # block index -> its tensors
         self._absent = torch.zeros(n_layers, 0, dtype=torch.bool)  # [layer, block]: not copied in
         self.answer = AnswerBlocks()
@@ -257,6 +259,7 @@ class KVCache(RestoredBlocks):
         self.answer.forget()
         self.length = n
         self.n_summarized = [min(done, n // self.block_size) for done in self.n_summarized]
+        self._truncate_index(n)
 
     def fetch(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of tokens [start, end) of `layer` (restored blocks copied in first):

@@ -32,8 +32,9 @@ class RestoredBlocks:
 
     def export_block(self, index: int) -> dict[str, torch.Tensor]:
         """Block `index` of every layer, as tensors to persist: k, v [L, Hkv, n, D] (n <= B),
-        for a full block its key summaries [2 frames, L, Hkv, 2, D], and with int8 K/V k and v
-        as int8 codes with their scales k_scale, v_scale [L, Hkv, n]."""
+        for a full block its key summaries [2 frames, L, Hkv, 2, D] and, once the plan selects by
+        the index or the block is indexed, its index (kv_index.py), and with int8 K/V k and v as
+        int8 codes with their scales k_scale, v_scale [L, Hkv, n]."""
         start = index * self.block_size
         end = min(start + self.block_size, self.length)
         if start >= end:
@@ -59,6 +60,8 @@ class RestoredBlocks:
             for layer in range(self.n_layers):
                 self.block_summaries(layer, end)
             block["summaries"] = self._summary_store[:, :, :, index].clone()
+            if self.plan.by_index or min(self.n_indexed) > index:
+                block |= self.index_of_block(index)
         return block
 
     def import_block(self, index: int, block: dict[str, torch.Tensor]) -> None:
@@ -102,6 +105,8 @@ class RestoredBlocks:
                     if self.n_summarized[layer] == index:
                         self._summary_store[:, layer, :, index] = summaries[:, layer]
                         self.n_summarized[layer] = index + 1
+        if n == self.block_size:
+            self.put_index(index, block)
         if self._absent.shape[1] <= index:
             grown = torch.zeros(
                 self.n_layers, max(index + 1, 2 * self._absent.shape[1]), dtype=torch.bool

@@ -11,6 +11,7 @@ import torch
 from conftest import assert_close
 from test_msa_decode import _cache
 
+from msa.kernels import block_index
 from msa.models.attention import attend
 from msa.models.forward import ForwardContext
 
@@ -27,14 +28,23 @@ def _dense(q, keys, values, q_pos):
     return out
 
 
+def _index_keys(keys, n_tokens, block):
+    """The keys as the cache's stored index holds them: whole blocks on the 4-bit grid of
+    kernels/block_index.py (tested against its definition there), the partial last one exact."""
+    whole = n_tokens - n_tokens % block
+    return torch.cat([block_index.index_keys(keys[:, :whole], 4, block), keys[:, whole:]], dim=1)
+
+
 def _expected_blocks(q, keys, p, block, topk, top_p=None):
     """The blocks a query at p reads, by the definition: each KV group scores a block by the
-    largest attention probability one of its heads gives a token there; sink, local and the
+    largest attention probability one of its heads gives a token there (under the index's
+    keys, `_index_keys`); sink, local and the
     best candidates (or the fewest reaching top_p of the group's mean attention), union over
     the groups."""
     hq, d = q.shape
     hkv = keys.shape[0]
     group = hq // hkv
+    keys = _index_keys(keys[:, : p + 1], p + 1, block)
     own = p // block
     n_blocks = own + 1
     chosen = {0, own}

@@ -20,23 +20,29 @@ def _queries_and_keys(hq=6, hkv=2, t=5, n=70, d=16, seed=0):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_index_keys_round_each_centered_row_to_its_own_grid(bits):
-    k = torch.randn(3, 9, 16) + torch.linspace(-20, 20, 16)  # a large channel in every key
-    got = bi.index_keys(k, bits)
+@pytest.mark.parametrize("n", [12, 10])  # whole blocks of 4; a partial last block
+def test_index_keys_round_each_block_centered_row_to_its_own_grid(bits, n):
+    k = torch.randn(3, n, 16) + torch.linspace(-20, 20, 16)  # a large channel in every key
+    got = bi.index_keys(k, bits, 4)
     top = 2 ** (bits - 1) - 1
-    centered = k - k.mean(dim=1, keepdim=True)
-    for row, out in zip(centered.reshape(-1, 16), got.reshape(-1, 16)):
-        step = float(row.abs().max()) / top
-        codes = out / step
-        assert torch.allclose(codes, codes.round(), atol=1e-4)  # on the row's grid
-        assert float((row - out).abs().max()) <= step / 2 + 1e-6  # the nearest point of it
-        assert float(codes.abs().max()) <= top + 1e-4
+    for first in range(0, n, 4):
+        block = k[:, first : first + 4]
+        mean = block.mean(dim=1, keepdim=True).half().float()  # the block's mean, as fp16
+        centered = block - mean
+        out = got[:, first : first + 4] - mean
+        for row, rounded in zip(centered.reshape(-1, 16), out.reshape(-1, 16)):
+            step = float(torch.tensor(float(row.abs().max()) / top).half())  # an fp16 scale
+            codes = rounded / step
+            assert torch.allclose(codes, codes.round(), atol=0.02)  # on its grid (fp32 sums)
+            assert float((row - rounded).abs().max()) <= step * 0.52  # its nearest point
+            assert float(codes.abs().max()) <= top + 0.02
 
 
 def test_index_keys_one_bit_is_the_sign_times_the_mean_magnitude():
     k = torch.tensor([[[1.0, -3.0, 2.0, -2.0], [-1.0, 3.0, -2.0, 2.0]]]) + 5  # mean 5 a channel
-    assert bi.index_keys(k, 1).tolist() == [[[2.0, -2.0, 2.0, -2.0], [-2.0, 2.0, -2.0, 2.0]]]
-    assert torch.equal(bi.index_keys(k, 16), k)
+    want = [[[7.0, 3.0, 7.0, 3.0], [3.0, 7.0, 3.0, 7.0]]]  # mean 5 plus the sign times 2
+    assert bi.index_keys(k, 1, 2).tolist() == want
+    assert torch.equal(bi.index_keys(k, 16, 2), k)
 
 
 def test_centering_keys_changes_no_probability():
@@ -47,7 +53,21 @@ def test_centering_keys_changes_no_probability():
     assert torch.allclose(got, want, atol=1e-4)
     assert torch.allclose(bi.token_log_probs(q, k, pos, 0.25), want, atol=1e-4)
     with pytest.raises(ValueError, match="index bits"):
-        bi.index_keys(k, 3)
+        bi.index_keys(k, 3, 8)
+
+
+def test_a_packed_index_unpacks_to_the_four_bit_index_keys():
+    g = torch.Generator().manual_seed(3)
+    k = (torch.randn(2, 24, 8, generator=g) * 3 + 5).half()  # as a cache stores them
+    codes, scales, means = bi.pack_index(k, 8)
+    assert codes.dtype == torch.uint8 and tuple(codes.shape) == (2, 24, 4)
+    assert tuple(scales.shape) == (2, 24) and tuple(means.shape) == (2, 3, 8)
+    assert int(codes.min() & 15) >= 1 and int(codes.max() >> 4) <= 15  # codes -7..7, plus 8
+    assert torch.equal(bi.unpack_index(codes, scales, means, 8), bi.index_keys(k, 4, 8))
+    # channel 2i in the low nibble: written out for one token
+    signed = [(int(b) & 15) - 8 for b in codes[1, 5]], [(int(b) >> 4) - 8 for b in codes[1, 5]]
+    row = [signed[i % 2][i // 2] * float(scales[1, 5]) + float(means[1, 0, i]) for i in range(8)]
+    assert torch.allclose(bi.unpack_index(codes, scales, means, 8)[1, 5], torch.tensor(row))
 
 
 def test_token_log_probs_is_each_heads_causal_softmax():
@@ -155,3 +175,19 @@ def test_held_mass_is_whole_when_every_block_is_read_and_finds_a_planted_key():
 def test_read_ids_lists_each_rows_blocks_ascending():
     read = torch.tensor([[[True, False, True, True], [False, True, False, False]]])
     assert bi.read_ids(read).tolist() == [[[0, 2, 3], [1, -1, -1]]]
+
+
+@pytest.mark.parametrize("d,block", [(16, 8), (64, 16), (128, 64)])
+def test_the_cpu_index_scorer_matches_its_definition(d, block):
+    from msa.kernels import index_scores
+
+    g = torch.Generator().manual_seed(d)
+    keys = (torch.randn(3, 4 * block, d, generator=g) * 2 + 1).half()
+    codes, scales, means = bi.pack_index(keys, block)
+    q = torch.randn(6, 5, d, generator=g)
+    got = index_scores.index_logits(q, codes, scales, means, block)
+    # the definition written out: each query head against its KV group's unpacked keys
+    unpacked = bi.unpack_index(codes, scales, means, block)
+    want = torch.stack([q[h] @ unpacked[h // 2].T for h in range(6)])
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    assert index_scores._EXTENSION.load() is not None, index_scores._EXTENSION.error

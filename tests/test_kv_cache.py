@@ -327,3 +327,35 @@ def test_keys_of_restored_blocks_are_read_without_copying_them_in(kv_dtype):
         assert torch.equal(got, cache.fetch(1, start, end)[0])
     restored.load_blocks(1, torch.tensor([1]))  # a block copied in is read from the store
     assert torch.equal(restored.keys_of(1, 0, 40), cache.fetch(1, 0, 40)[0])
+
+
+def test_the_stored_index_is_the_packed_keys_and_travels_with_exported_blocks():
+    from msa.kernels import block_index
+    from msa.models.attention_settings import AttentionSettings
+
+    settings = AttentionSettings(mode="msa", selection="index", kv_dtype="fp16")
+    cache = KVCache(n_layers=2, n_kv_heads=2, head_dim=8, block_size=16, settings=settings)
+    k, v = torch.randn(2, 70, 8) * 3, torch.randn(2, 70, 8)
+    for first, end in ((0, 20), (20, 70)):  # grows past the first capacity
+        for layer in range(2):
+            cache.write(layer, k[:, first:end] + layer, v[:, first:end])
+        cache.advance(end - first)
+    assert tuple(cache.stored_index(1, 40)[0].shape) == (2, 32, 4)  # the full blocks only
+    codes, scales, means = cache.stored_index(1, 70)  # four full blocks, the rest unindexed
+    want = block_index.pack_index((k[:, :64] + 1).half(), 16)  # of the keys as stored
+    assert all(torch.equal(got, w) for got, w in zip((codes, scales, means), want))
+    # 8 / 2 + 2 bytes a token and head, and a mean of 8 fp16 every 16 tokens
+    assert cache.index_bytes_per_token() == int((4 + 2 + 1) * 2 * 2)
+
+    rebuilt = KVCache(n_layers=2, n_kv_heads=2, head_dim=8, block_size=16, settings=settings)
+    blocks = [cache.export_block(b) for b in range(5)]
+    assert "index_codes" in blocks[3] and "index_codes" not in blocks[4]  # 6 tokens: partial
+    for b, block in enumerate(blocks):
+        block = {**block, "k": torch.zeros_like(block["k"])}  # the index must come from the file
+        rebuilt.import_block(b, block)
+    assert rebuilt.n_indexed == [4, 4]
+    assert all(
+        torch.equal(a, b) for a, b in zip(rebuilt.stored_index(1, 70), (codes, scales, means))
+    )
+    rebuilt.truncate(40)  # forgets block 2 on: made again from the keys when asked for
+    assert rebuilt.n_indexed == [2, 2]

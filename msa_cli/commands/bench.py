@@ -12,8 +12,10 @@ from .options import (
     DtypeOption,
     KvDtypeOption,
     LocalBlocksOption,
+    MassOption,
     ModelOption,
     QuantOption,
+    SelectionOption,
     ThreadsOption,
     TopkOption,
     attention_settings,
@@ -44,6 +46,8 @@ def bench_e2e(
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
+    selection: str = SelectionOption,
+    mass: float | None = MassOption,
     quant: str | None = QuantOption,
     dtype: str = DtypeOption,
 ):
@@ -59,7 +63,9 @@ def bench_e2e(
     from .output import note, print_rows
 
     lengths = parse_lengths(length)
-    settings = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    settings = attention_settings(
+        attention, topk, block_size, local_blocks, kv_dtype, selection, mass
+    )
     check_precision(quant, dtype)
     n_threads = set_threads(threads)
     loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
@@ -77,7 +83,7 @@ def bench_e2e(
         rows,
         json_out,
         f"msa bench e2e: {loaded.name}, {loaded.weights} weights, "
-        f"{attention} attention, {n_threads} threads",
+        f"{attention} attention ({selection} selection), {n_threads} threads",
     )
 
 

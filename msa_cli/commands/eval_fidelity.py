@@ -12,11 +12,14 @@ from .errors import reports_errors
 from .options import (
     CacheDirOption,
     DtypeOption,
+    MassOption,
     ModelOption,
     QuantOption,
     ResultsOption,
+    SelectionOption,
     ThreadsOption,
     TopkOption,
+    attention_settings,
     check_precision,
     parse_lengths,
 )
@@ -48,21 +51,8 @@ def eval_fidelity(
     results: str | None = ResultsOption,
     model: str = ModelOption,
     topk: int = TopkOption,
-    selection: str = typer.Option(
-        "quest",
-        "--selection",
-        help="How the engine's question and answer choose blocks: quest (the rules of today) or "
-        "index (each query's own attention max-pooled per block, read at true distances within "
-        "the model's context; reads every key).",
-    ),
-    mass: float | None = typer.Option(
-        None,
-        "--mass",
-        min=0.0,
-        max=1.0,
-        help="With --selection index: read the fewest blocks holding this share of the "
-        "attention (a top-p budget), at most --topk.",
-    ),
+    selection: str = SelectionOption,
+    mass: float | None = MassOption,
     threads: int | None = ThreadsOption,
     quant: str | None = QuantOption,
     dtype: str = DtypeOption,
@@ -79,7 +69,7 @@ def eval_fidelity(
 
     Example: msa eval fidelity -l 16k --seeds 2,3,4,5 --results fidelity.jsonl
     """
-    from msa.models.attention_settings import AttentionSettings
+    from msa.models.attention_settings import DEFAULT_KV_DTYPE
 
     from ..engine.evals import fidelity, fidelity_mass, fidelity_summary
     from ..engine.evals.haystack import read_prose, shipped_prose
@@ -95,14 +85,7 @@ def eval_fidelity(
     except ValueError:
         raise typer.BadParameter(f"{seeds!r}: seeds are integers", param_hint="--seeds") from None
     chosen = fidelity_mass.parse_candidates(candidates or fidelity_mass.DEFAULT_CANDIDATES)
-    try:
-        # the index scores keys at their true distances, so its blocks are read there too,
-        # within the trained context (bounded_from None): moved next to the question, single
-        # needles the index had found were lost (benchmarks/README.md, "Selection fidelity")
-        bounded = {"bounded_from": None} if selection == "index" else {}
-        settings = AttentionSettings(topk=topk, selection=selection, top_p=mass, **bounded)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
+    settings = attention_settings("auto", topk, None, 1, DEFAULT_KV_DTYPE, selection, mass)
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
     set_threads(threads)

@@ -103,6 +103,17 @@ TopkOption = typer.Option(
     "(more than the blocks there are reads them all). [default: the model's: `msa calibrate` "
     "measures it, else 24]",
 )
+SelectionOption = typer.Option(
+    "quest",
+    "--selection",
+    help="How a question and its answer choose blocks: quest (block bounds and the answer's "
+    "rules) or index (each query's attention over the cache's 4-bit index, max-pooled per "
+    "block; far blocks at their true distances within the model's trained context).",
+)
+MassOption = typer.Option(
+    None, "--mass", min=0.0, max=1.0, help="With --selection index: read the fewest blocks "
+    "holding this share of the attention (a top-p budget), at most --topk.",
+)  # fmt: skip
 BlockSizeOption = typer.Option(
     None,
     "--block-size",
@@ -197,13 +208,9 @@ TimeoutOption = typer.Option(
 )
 
 
-def attention_settings(mode: str, topk: int | None, block_size, local_blocks: int, kv_dtype: str):
-    from msa.models.attention_settings import (
-        KV_DTYPE_ALIASES,
-        KV_DTYPES,
-        MODES,
-        AttentionSettings,
-    )
+def attention_settings(mode: str, topk: int | None, block_size, local_blocks: int, kv_dtype: str,
+                       selection: str = "quest", mass: float | None = None):  # fmt: skip
+    from msa.models.attention_settings import KV_DTYPE_ALIASES, KV_DTYPES, MODES, AttentionSettings
 
     if mode not in MODES:
         raise typer.BadParameter(
@@ -215,9 +222,16 @@ def attention_settings(mode: str, topk: int | None, block_size, local_blocks: in
             f"{kv_dtype!r} is not one of {', '.join(KV_DTYPES)}",
             param_hint=given_as("--kv-dtype", "MSA_KV_DTYPE", kv_dtype),
         )
-    return AttentionSettings(
-        mode=mode, topk=topk, block_size=block_size, local_blocks=local_blocks, kv_dtype=kv_dtype
-    )
+    # the index scores keys at their true distances, so its blocks are read there too, up to
+    # the trained context (None): moved next to the question, single needles the index had
+    # found were lost (benchmarks/README.md, "Selection fidelity")
+    bounded = {"bounded_from": None} if selection == "index" else {}
+    try:
+        return AttentionSettings(mode=mode, topk=topk, block_size=block_size,
+                                 local_blocks=local_blocks, kv_dtype=kv_dtype,
+                                 selection=selection, top_p=mass, **bounded)  # fmt: skip
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
 
 
 def check_precision(quant, dtype: str = "auto") -> None:

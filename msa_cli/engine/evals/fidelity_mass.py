@@ -146,7 +146,7 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
         by_bits: dict[int, torch.Tensor] = {}
         for c in candidates:
             if c.bits not in by_bits:
-                by_bits[c.bits] = _index_log_probs(q, keys, pos, c.bits, learned, layer)
+                by_bits[c.bits] = _index_log_probs(q, keys, pos, c.bits, learned, layer, block_size)
             logp = by_bits[c.bits]  # [Hq or, learned, Hkv, T, end]
             scores = block_index.block_scores(logp, hkv, block_size, c.pool)
             estimated = None
@@ -184,11 +184,11 @@ def mass_held(cache, capture: Capture, layers, candidates, *, n_question: int, f
     return masses, blocks
 
 
-def _index_log_probs(q, keys, pos, bits: int, learned, layer: int) -> torch.Tensor:
+def _index_log_probs(q, keys, pos, bits: int, learned, layer: int, block_size: int):
     """Each query head's log-probabilities under keys of `bits` bits [Hq, T, n], or each KV
     group's under the distilled index [Hkv, T, n]."""
     if bits != LEARNED:
-        index_keys = block_index.index_keys(keys, bits)
+        index_keys = block_index.index_keys(keys, bits, block_size)
         return block_index.token_log_probs(q, index_keys, pos, keys.shape[-1] ** -0.5)
     if learned is None or layer not in learned.layers:
         raise InputError("no distilled MSA index for this model: `msa calibrate --index` first")
