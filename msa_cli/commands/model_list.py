@@ -95,20 +95,104 @@ def quantized_rows() -> list[dict]:
     return rows
 
 
-def print_models(rows: list[dict]) -> None:
+def pick_rows(available: int) -> list[dict]:
+    """The catalogue's GGUF picks (msa.engine.catalogue), with the memory each needs at the
+    lengths shown and the longest of them that fits in `available` bytes."""
+    from ..engine.catalogue import LENGTHS, PICKS, longest_fit, pick_memory
+
+    return [
+        {
+            "name": p.spec,
+            "description": p.label,
+            "size_bytes": p.file_bytes,
+            "context_length": p.trained_context,
+            "memory_bytes": {str(n): pick_memory(p, n) for n in LENGTHS},
+            "fits_tokens": longest_fit(p, available),
+            "source": f"hf: {p.spec}",
+        }
+        for p in PICKS
+    ]
+
+
+def _console():
+    from rich.console import Console
+
+    # plain text, as wide as the terminal (COLUMNS, else 80 when stdout is not one)
+    return Console(highlight=False, markup=False, emoji=False, soft_wrap=False)
+
+
+def _table(*headers: str):
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, padding=(0, 1))
+    for header in headers:
+        table.add_column(header)
+    return table
+
+
+def _k(n_tokens: int) -> str:
+    return f"{n_tokens // 1024}K"
+
+
+def _size3(n_bytes: int) -> str:
+    """Bytes to three significant digits, as the hub shows file sizes: `398 MB`, `4.92 GB`."""
+    if n_bytes < 999.5 * 1000**2:
+        return f"{n_bytes / 1000**2:.3g} MB"
+    return f"{n_bytes / 1000**3:.3g} GB"
+
+
+def _print(console, renderable) -> None:
+    """Print `renderable` without the spaces Rich pads each line to the table's width with."""
+    with console.capture() as captured:
+        console.print(renderable)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
+def print_models(rows: list[dict], picks: list[dict]) -> None:
+    """The models on this machine or known by name, then the GGUF picks, as tables that fit
+    the terminal (a cell too long for its column wraps at a space, never inside a word)."""
     from ..engine.prefix_cache import format_size
 
-    table = [("NAME", "INSTALLED", "SIZE", "CONTEXT", "SOURCE")]
+    console = _console()
+    table = _table("NAME", "INSTALLED", "SIZE", "CONTEXT", "SOURCE")
     for r in rows:
-        table.append(
-            (
-                r["name"],
-                "yes" if r["installed"] else "no",
-                format_size(r["size_bytes"]) if r["size_bytes"] is not None else "-",
-                f"{r['context_length']:,}" if r["context_length"] else "-",
-                r["source"],
-            )
+        table.add_row(
+            r["name"],
+            "yes" if r["installed"] else "no",
+            format_size(r["size_bytes"]) if r["size_bytes"] is not None else "",
+            f"{r['context_length']:,}" if r["context_length"] else "",
+            r["source"],
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    _print(console, table)
+    fits = "FITS: the longest of those that fits in the memory available now."
+    _print(
+        console,
+        "\nGGUF picks, by size: `msa pull NAME`, then `--model NAME`. AT 32K and "
+        f"AT 128K: the memory needed to read that many tokens; {fits}",
+    )
+    _print(console, _picks_table(picks, console.width))
+
+
+def _picks_table(picks: list[dict], width: int):
+    """The picks' table; a name too long for the terminal goes on two lines, split after its
+    owner (`owner/` then `repo:QUANT`)."""
+    lengths = list(picks[0]["memory_bytes"])
+    headers = ["NAME", "FILE", *(f"AT {_k(int(n))}" for n in lengths), "TRAINED", "FITS"]
+    cells = [
+        [
+            p["name"],
+            _size3(p["size_bytes"]),
+            *(_size3(p["memory_bytes"][n]) for n in lengths),
+            _k(p["context_length"]),
+            _k(p["fits_tokens"]) if p["fits_tokens"] else "no",
+        ]
+        for p in picks
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    if sum(widths) + 2 * (len(widths) - 1) > width:
+        for c in cells:
+            c[0] = c[0].replace("/", "/\n", 1)
+    table = _table(*headers)
+    for c in cells:
+        table.add_row(*c)
+    return table

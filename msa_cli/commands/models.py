@@ -22,17 +22,41 @@ def models_command(
     json_out: bool = typer.Option(
         False, "--json", help="Print a JSON array, one object per model."
     ),
+    recommend: bool = typer.Option(
+        False,
+        "--recommend",
+        help="Name the largest GGUF pick that fits this machine's memory, the time a first read "
+        "takes with it, and the `msa pull` line.",
+    ),
+    doc: str | None = typer.Option(
+        None,
+        "--doc",
+        metavar="FILE",
+        help="With --recommend: fit the model to this document's length (default: 32K tokens).",
+    ),
+    cache_dir: str | None = CacheDirOption,
 ):
-    """Known models: installed or not, size on disk, context length, source."""
+    """Known models: installed or not, size on disk, context length, source; then GGUF picks by
+    size, with the memory each needs to read 32K and 128K tokens and the longest of those that
+    fits in this machine's available memory."""
     if ctx.invoked_subcommand is not None:
         return
-    from .model_list import model_rows, print_models
+    import psutil
 
+    from .model_list import model_rows, pick_rows, print_models
+
+    if doc is not None and not recommend:
+        raise typer.BadParameter("only goes with --recommend", param_hint="--doc")
+    available = psutil.virtual_memory().available
     rows = model_rows()
-    if json_out:
-        print(json.dumps(rows))
+    if recommend:
+        from .model_advice import print_recommendation
+
+        print_recommendation(available, doc, rows, cache_dir)
+    elif json_out:
+        print(json.dumps(rows + pick_rows(available)))
     else:
-        print_models(rows)
+        print_models(rows, pick_rows(available))
 
 
 @models_app.command("rm", epilog=EXIT_CODES_HELP)

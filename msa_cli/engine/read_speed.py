@@ -69,3 +69,22 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
     return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def speeds_by_model(cache_dir: Path | None, mode: str) -> dict[str, float]:
+    """The fastest read speed recorded in attention `mode` for each model name (over its
+    digests and thread counts), from the record `record_speed` keeps."""
+    if cache_dir is None:
+        return {}
+    try:
+        speeds = json.loads((cache_dir / FILE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    best: dict[str, float] = {}
+    for key, speed in speeds.items() if isinstance(speeds, dict) else ():
+        parts = key.rsplit(":", 3)  # a name may hold ":" (owner/repo:QUANT)
+        if len(parts) != 4 or parts[3] != mode or not isinstance(speed, (int, float)):
+            continue
+        if speed > 0:
+            best[parts[0]] = max(best.get(parts[0], 0.0), float(speed))
+    return best
