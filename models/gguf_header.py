@@ -34,8 +34,9 @@ class GgufTensor:
     name: str
     type_name: str  # a gguf.GGMLQuantizationType name, e.g. "Q4_K"
     shape: tuple[int, ...]  # GGUF order: the fastest axis first
-    data_offset: int  # from the start of the file
+    data_offset: int  # from the start of its file
     n_bytes: int
+    part: int = 0  # the file of a split GGUF that holds it (gguf_split.py), from 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class GgufHeader:
     fields: dict  # key -> int, float, bool, str or a list of them
     tensors: list[GgufTensor]
     data_start: int  # of the data section, aligned
+    parts: tuple[Path, ...] = ()  # every file of a split GGUF, in order (gguf_split.py)
+
+    def file_of(self, tensor: GgufTensor) -> Path:
+        """The file that holds `tensor`'s data."""
+        return self.parts[tensor.part] if self.parts else self.path
 
 
 class _Bad(Exception):
@@ -190,4 +196,4 @@ def read_tensor(header: GgufHeader, name: str) -> np.ndarray:
         raise ModelError(f"{header.path} has no floating-point tensor {name}")
     dtype = np.dtype(NUMPY_TYPES[t.type_name])
     shape = tuple(reversed(t.shape))
-    return np.memmap(header.path, dtype=dtype, mode="r", offset=t.data_offset, shape=shape)
+    return np.memmap(header.file_of(t), dtype=dtype, mode="r", offset=t.data_offset, shape=shape)

@@ -11,6 +11,7 @@ where they take no more room than the GGUF.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from .digests import file_digest, memo_dir
 from .disk_space import check_free_space
 from .errors import ModelError, disk_error
 from .gguf_config import check_against_tensors, hf_config_dict
-from .gguf_header import GgufHeader, read_header, read_tensor
+from .gguf_header import GgufHeader, read_tensor
+from .gguf_split import model_parts, read_model_header
 from .gguf_tensors import (
     check_types,
     gguf_state,
@@ -77,7 +79,7 @@ def _tokenizer_from_metadata(header: GgufHeader) -> tuple[str, dict]:
 def _convert(path: Path, digest: str, out: Path) -> None:
     """Write the small part of a converted copy: meta.json (config, tensor index, chat template)
     and tokenizer.json. The weights are read from the GGUF itself at each load."""
-    header = read_header(path)  # ModelError for a file that is not a GGUF
+    header = read_model_header(path)  # ModelError for a file that is not a GGUF
     index = tensor_index(header)
     check_types(index)  # before any other work
     hf_config = _hf_config(header)
@@ -104,11 +106,20 @@ def _convert(path: Path, digest: str, out: Path) -> None:
         raise disk_error(e, doing) from None
 
 
+def _digest(parts: list[Path], memo: Path | None) -> str:
+    """The model's identity: its file's digest, or for a split GGUF that of its parts' digests."""
+    digests = [file_digest(p, memo) for p in parts]
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256(" ".join(digests).encode()).hexdigest()
+
+
 def load_gguf(
     path: Path, converted_root: Path | None, *, name: str | None = None, quant: str | None = None
 ) -> Checkpoint:
-    """Load a GGUF model, its tokenizer and tensor index through a converted copy under
-    `converted_root` when one is given, its weights from the file (gguf_tensors.py) for `quant`:
+    """Load a GGUF model (one file, or the first part of a split one: gguf_split.py), its
+    tokenizer and tensor index through a converted copy under `converted_root` when one is
+    given, its weights from the file (gguf_tensors.py) for `quant`:
     None (as stored: Q4_K/Q6_K/Q5_0/Q8_0 in their blocks, Q4_0/Q4_1 int4, other quantized
     types int8, floats as floats), "int8", "int4" or "none" (floating point).
     `meta["quantization"]` of the checkpoint names the result (gguf_tensors.quantization_label:
@@ -116,9 +127,11 @@ def load_gguf(
     import tempfile
 
     path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"model file not found: {path}")
-    digest = file_digest(path, memo_dir(converted_root))
+    missing = [p for p in model_parts(path) if not p.is_file()]
+    if missing:
+        raise ModelError(f"model file not found: {missing[0]}")
+    parts = model_parts(path)
+    digest = _digest(parts, memo_dir(converted_root))
     tmp = None
     if converted_root is None:
         tmp = tempfile.TemporaryDirectory(prefix="msa-model-")
@@ -141,7 +154,7 @@ def load_gguf(
         index = index_from_json(meta["tensors"])
         check_types(index)
         copy = None if tmp is not None else out / INT8_COPY
-        weights = gguf_state(path, index, config, meta["architecture"], quant, copy)
+        weights = gguf_state(parts, index, config, meta["architecture"], quant, copy)
         template = ChatTemplate.from_meta(meta)
         tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
         return Checkpoint(

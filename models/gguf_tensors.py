@@ -38,8 +38,9 @@ class TensorInfo:
     name: str
     type_name: str
     shape: tuple[int, ...]  # rows first (GGUF lists the fastest axis first)
-    offset: int  # of its data, from the start of the file
+    offset: int  # of its data, from the start of its file
     n_bytes: int
+    part: int = 0  # its file, of a split GGUF's (gguf_split.py)
 
     @property
     def rows_cols(self) -> tuple[int, int]:
@@ -50,17 +51,18 @@ class TensorInfo:
 def tensor_index(header: GgufHeader) -> list[TensorInfo]:
     """The tensors of a GGUF header (gguf_header.py), rows first."""
     return [
-        TensorInfo(t.name, t.type_name, tuple(reversed(t.shape)), t.data_offset, t.n_bytes)
+        TensorInfo(t.name, t.type_name, tuple(reversed(t.shape)), t.data_offset, t.n_bytes, t.part)
         for t in header.tensors
     ]
 
 
 def index_to_json(index: list[TensorInfo]) -> list:
-    return [[t.name, t.type_name, list(t.shape), t.offset, t.n_bytes] for t in index]
+    return [[t.name, t.type_name, list(t.shape), t.offset, t.n_bytes, t.part] for t in index]
 
 
 def index_from_json(rows: list) -> list[TensorInfo]:
-    return [TensorInfo(n, ty, tuple(s), o, b) for n, ty, s, o, b in rows]
+    """The index that index_to_json wrote (rows of five, without the part, are of one file)."""
+    return [TensorInfo(n, ty, tuple(s), o, b, *part) for n, ty, s, o, b, *part in rows]
 
 
 def check_types(index: list[TensorInfo]) -> None:
@@ -151,31 +153,35 @@ def _convert(t: TensorInfo, raw: np.ndarray, target: str, int8: Int8Copy):
 
 
 def gguf_state(
-    path: Path,
+    paths: list[Path],
     index: list[TensorInfo],
     config,
     arch: str,
     mode: str | None = None,
     int8_copy: Path | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The weights of the GGUF at `path` by our names, for `mode`: None (as stored), "int8",
-    "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]` (quantize.py). Int8
-    roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
-    int8 = Int8Copy(int8_copy, path.stat().st_size)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    data = np.frombuffer(mapped, dtype=np.uint8)
+    """The weights of the GGUF in `paths` (its parts, gguf_split.py) by our names, for `mode`:
+    None (as stored), "int8", "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]`
+    (quantize.py). Int8 roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
+    int8 = Int8Copy(int8_copy, sum(p.stat().st_size for p in paths))
+    mapped = [_map(p) for p in paths]
     state = {}
     for t in index:
         if t.name in CONFIG_TENSORS:
             continue
-        state |= _tensor_state(t, data[t.offset : t.offset + t.n_bytes], config, arch, mode, int8)
+        raw = np.frombuffer(mapped[t.part], dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+        state |= _tensor_state(t, raw, config, arch, mode, int8)
         if not t.name.startswith("token_embd.") and _target("", t, mode) != "ggml":
             # converted: its pages leave the RSS
             start = t.offset - t.offset % mmap.PAGESIZE
-            mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
+            mapped[t.part].madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
     int8.save()
     return state
+
+
+def _map(path: Path) -> mmap.mmap:
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def _mapped(raw: np.ndarray) -> torch.Tensor:

@@ -9,12 +9,11 @@ recount them.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
+from .hub_cache import hub_repo_folder, hub_snapshot
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -156,48 +155,6 @@ def model_table() -> list[dict]:
     return [m.summary() for m in KNOWN_MODELS.values()]
 
 
-def hub_cache_root() -> Path:
-    """The Hugging Face hub cache, found as huggingface-hub finds it, from the environment now."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg_cache) / "huggingface" / "hub"
-
-
-def hub_repo_folder(hub_id: str) -> Path:
-    """Where the hub cache keeps every file of the model repository `hub_id`."""
-    return hub_cache_root() / f"models--{hub_id.replace('/', '--')}"
-
-
-def snapshot_is_complete(folder: Path) -> bool:
-    """config.json and the weights: model.safetensors, or every shard its index names.
-
-    The hub cache links a file into a snapshot only once it is fully downloaded, so a pull that
-    was interrupted leaves a snapshot that this says is incomplete.
-    """
-    if not (folder / "config.json").is_file():
-        return False
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError):
-            return False
-        return all((folder / shard).is_file() for shard in shards)
-    return any(p.is_file() for p in folder.glob("*.safetensors"))
-
-
-def hub_snapshot(hub_id: str) -> Path | None:
-    """The newest complete snapshot of `hub_id` in the Hugging Face hub cache, if any."""
-    snapshots = hub_repo_folder(hub_id) / "snapshots"
-    found = (
-        [d for d in snapshots.glob("*") if snapshot_is_complete(d)] if snapshots.is_dir() else []
-    )
-    return max(found, key=lambda d: d.stat().st_mtime) if found else None
-
-
 def packaged_file(model: KnownModel) -> Path:
     """The model file inside its Python package, located without importing the package.
 
@@ -237,7 +194,8 @@ def resolve(
     spec: str, *, quantized_root: Path | None = None, registered: dict[str, Path] | None = None
 ) -> ModelSource:
     """Turn --model's value (a registry name, a quantized copy under `quantized_root`, a name
-    in `registered` (local_models.py), a .gguf path or a model directory) into files."""
+    in `registered` (local_models.py), a hub repository or GGUF pulled (hub_gguf.py), a .gguf
+    path or a model directory) into files."""
     copies = quantized_copies(quantized_root)
     if spec in copies:
         return ModelSource(spec, copies[spec], "quantized")
@@ -260,9 +218,9 @@ def resolve(
         if model.package:
             return ModelSource(spec, packaged_file(model), "gguf")
         return _from_hub(spec, model.hub_id)
-    if spec.count("/") == 1 and not Path(spec).expanduser().exists() and hub_snapshot(spec):
-        return _from_hub(spec.split("/")[1], spec)
     path = Path(spec).expanduser()
+    if not path.exists() and (hub := _pulled(spec)):
+        return hub
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(path.stem, path, "gguf")
     if path.is_dir():
@@ -280,6 +238,24 @@ def resolve(
     raise ModelError(
         f"unknown model {spec!r} (known: {known}; or give a .gguf file or a model directory)"
     )
+
+
+def _pulled(spec: str) -> ModelSource | None:
+    """`spec` as a hub repository pulled (its safetensors, or its default GGUF) or a GGUF of one
+    (`owner/repo:QUANT`, `owner/repo/file.gguf`); None for a name of neither form."""
+    from .hub_gguf import GgufRef, local_gguf, parse_ref
+
+    ref = parse_ref(spec)
+    if ref is None and spec.count("/") == 1:
+        if hub_snapshot(spec):
+            return _from_hub(spec.split("/")[1], spec)
+        ref = GgufRef(spec)
+    if ref is None:
+        return None
+    found = local_gguf(ref, hub_repo_folder(ref.repo))
+    if found is None and (ref.tag or ref.path):
+        raise ModelError(f"model {ref} is not downloaded; run `msa pull {ref}`")
+    return found and ModelSource(found.name.removesuffix(".gguf"), found, "gguf")
 
 
 def _from_hub(name: str, hub_id: str) -> ModelSource:

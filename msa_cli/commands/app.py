@@ -14,7 +14,8 @@ from .chat import chat
 from .errors import EXIT_CODES_HELP, OneLineUsageGroup
 from .eval import eval_app
 from .eval_fidelity import eval_fidelity
-from .models import models_app, pull, quantize
+from .models import models_app, quantize
+from .pull_command import pull
 from .serve import serve
 
 app = typer.Typer(

@@ -69,8 +69,9 @@ def _converted_copies(converted_root: Path, source: Path) -> list[Path]:
 
 def remove_model(name: str, converted_root: Path, registered_index: Path) -> list[Removed]:
     """Delete what NAME has on disk; ModelError if NAME is unknown or has nothing installed."""
+    from msa.models.hub_cache import hub_cache_root, hub_repo_folder
     from msa.models.local_models import unregister_model
-    from msa.models.registry import KNOWN_MODELS, hub_cache_root, hub_repo_folder
+    from msa.models.registry import KNOWN_MODELS
 
     targets: list[tuple[Path, str]] = []
     forgotten = unregister_model(registered_index, name)
