@@ -1,4 +1,4 @@
-"""`msa models` (list, rm), `msa pull` and `msa quantize`: the model files on this machine."""
+"""`msa models` (list, rm) and `msa quantize`: the model files on this machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import typer
 
 from .errors import EXIT_CODES_HELP, reports_errors
-from .options import CacheDirOption, QuietOption
+from .options import CacheDirOption
 
 models_app = typer.Typer(
     help="Known models, installed or not; `msa models rm NAME` deletes one's files.",
@@ -84,55 +84,6 @@ def models_rm(
             print(f"forgot {name}: {r.path} is kept")
         else:
             print(f"removed {name}: {r.what}, {format_size(r.size_bytes)}, {r.path}")
-
-
-@reports_errors
-def pull(
-    model: str = typer.Argument(
-        ...,
-        metavar="MODEL",
-        help="A registry name (see `msa models`), a Hugging Face repository id (owner/name), "
-        "or a local .gguf file or model folder to register.",
-    ),
-    name: str | None = typer.Option(
-        None, "--name", help="The name a local file is registered under (default: its file name)."
-    ),
-    quiet: bool = QuietOption,
-):
-    """Download a model from the Hugging Face hub (HF_ENDPOINT, default huggingface.co), or
-    register a local GGUF file or model folder by name.
-
-    Only safetensors weights, config and tokenizer files are fetched, into the hub cache (HF_HOME);
-    an interrupted pull keeps the files it finished, and pulling again fetches the rest. Prints
-    the model's folder; afterwards `--model MODEL` loads it. A local file stays where it is:
-    `--model NAME` then loads it, and `msa models rm NAME` forgets it (the file is kept).
-    """
-    from pathlib import Path
-
-    from .output import quiet_or_note
-
-    local = Path(model).expanduser()
-    if local.exists() or model.endswith(".gguf"):
-        from msa.models.local_models import register_model
-        from msa.models.registry import KNOWN_MODELS
-
-        from ..engine.paths import registered_models_index
-
-        registered, replaced = register_model(
-            registered_models_index(), local, name, reserved=set(KNOWN_MODELS)
-        )
-        verb = "registered again" if replaced else "registered"
-        quiet_or_note(quiet)(f"{verb} {registered}: use it with --model {registered}")
-        print(local.resolve())
-        return
-    if name is not None:
-        raise typer.BadParameter(
-            "only a local file is registered under a name", param_hint="--name"
-        )
-    from .pull import pull as pull_model
-
-    folder = pull_model(model, quiet=quiet, note=quiet_or_note(quiet))
-    print(folder)
 
 
 @reports_errors
