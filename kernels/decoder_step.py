@@ -157,6 +157,9 @@ class DecoderStep:
         follow_blocks=None,
         copy_blocks=None,
         follow_weight: float | None = None,
+        index: list[torch.Tensor] | None = None,
+        index_tokens: int = 0,
+        top_p: float | None = None,
     ) -> torch.Tensor:
         """x [hidden] fp32 -> the last layer's output (x itself, updated in place). cos, sin:
         the angles of `pos`, [D] for every layer, or [2, D]: row 0 the global layers', row 1
@@ -168,7 +171,10 @@ class DecoderStep:
         token of a far block with at least `follow_weight` of it, the blocks after those
         (msa_decode.blocks_after_peaks); `copy_blocks(layer, block_ids)`, for each MSA layer
         where a query head's attention peaked so on any token of a far block past the sink,
-        those blocks (msa_decode.blocks_copied_from). Both are told in layer order.
+        those blocks (msa_decode.blocks_copied_from). Both are told in layer order. `index`: MSA's
+        selection by the stored index instead (models/index_selection.py): per layer its codes,
+        scales and means as models/kv_index.py keeps them (3 tensors a layer, empty where the
+        layer has none), the first `index_tokens` indexed; `top_p`: its mass budget (None: top-k).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
@@ -197,6 +203,9 @@ class DecoderStep:
                 first,
                 shared,
                 answer_blocks or [],
+                index or [],
+                index_tokens,
+                top_p or 0.0,
             )
             for layer, (after, copied_from) in enumerate(zip(followed, copied)):
                 if after and follow_blocks is not None:

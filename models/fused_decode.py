@@ -158,11 +158,8 @@ class FusedDecode:
     @staticmethod
     def fits(cache: KVCache) -> bool:
         """Whether the step reads `cache` as it is: K/V stores of fp32, fp16 or bf16 (int8 K/V:
-        fp32 with their scales) in memory or mapped files, under Quest's selection (the index's
-        runs per op: index_selection.py)."""
-        return (
-            cache.kv_dtype in STORES and cache.k[0].device.type == "cpu" and not cache.plan.by_index
-        )
+        fp32 with their scales) in memory or mapped files."""
+        return cache.kv_dtype in STORES and cache.k[0].device.type == "cpu"
 
     def run(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
@@ -182,6 +179,23 @@ class FusedDecode:
                 cache.load_tokens(layer, window_start(pos, window), pos)
         if not sparse:
             self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, scales=scales)
+        elif plan.by_index:  # the full blocks before the token's own, indexed
+            indexed = pos - pos % plan.block_size
+            self.step.step(
+                x,
+                cache.k,
+                cache.v,
+                pos,
+                cos,
+                sin,
+                settings,
+                absent=cache.absent_blocks,
+                load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
+                scales=scales,
+                index=cache.index_stores(indexed),
+                index_tokens=indexed,
+                top_p=plan.top_p,
+            )
         else:
             # summaries of the full blocks before the token's own (its block may fill with it),
             # of the layers that select blocks

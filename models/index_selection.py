@@ -31,11 +31,11 @@ QUERIES_AT_ONCE = 64
 
 def index_log_probs(q: torch.Tensor, q_pos: torch.Tensor, ctx: ForwardContext, layer: int):
     """[Hq, T, end]: each query head's log-probabilities over the first `end` = q_pos[-1] + 1
-    tokens of `layer` as the index scores them: the full blocks' keys as the cache's stored
-    4-bit index holds them (kv_index.py, scored by kernels/index_scores.py), the last partial
-    block's as stored (every query reads its own block whole, so it is never indexed)."""
+    tokens of `layer` as the index scores them: the keys of the blocks before the last query's
+    own as the cache's stored 4-bit index holds them (kv_index.py, scored by
+    kernels/index_scores.py), the rest as stored (every query reads its own block whole)."""
     cache, end = ctx.cache, int(q_pos[-1]) + 1
-    codes, scales, means = cache.stored_index(layer, end)
+    codes, scales, means = cache.stored_index(layer, end - 1 - (end - 1) % cache.block_size)
     indexed = codes.shape[1]
     tail = cache.fetch(layer, indexed, end)[0].float()  # [Hkv, end - indexed, D]
     hq, t, d = q.shape

@@ -51,6 +51,17 @@ class StoredIndex:
         end = n_full * self.block_size
         return codes[:, :end], scales[:, :end], means[:, :n_full]
 
+    def index_stores(self, n_tokens: int) -> list[torch.Tensor]:
+        """Every layer's whole index stores (codes, scales, means; empty where a layer has none),
+        the full blocks among the first `n_tokens` indexed in each: what the fused decode step
+        reads."""
+        stores = []
+        for layer in range(self.n_layers):
+            if n_tokens >= self.block_size:
+                self.stored_index(layer, n_tokens)
+            stores += self._index[layer] or self._empty_index()
+        return stores
+
     def index_of_block(self, index: int) -> dict[str, torch.Tensor]:
         """Full block `index`'s index in every layer, as an exported block's tensors:
         index_codes [L, Hkv, B, D/2], index_scales [L, Hkv, B], index_means [L, Hkv, D]."""

@@ -27,6 +27,7 @@
 #include "attend_rows.h"
 #include "ggml_blocks.h"
 #include "kv_rows.h"
+#include "select_index.h"
 
 namespace {
 
@@ -667,7 +668,8 @@ class DecoderStack {
       at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
       std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, double peak_weight,
       int64_t first_layer,
-      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& answer_blocks) const {
+      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& answer_blocks,
+      const std::vector<at::Tensor>& index, int64_t index_tokens, double top_p) const {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
     const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
@@ -685,7 +687,11 @@ class DecoderStack {
     const int64_t angle_rows = cos.dim() == 1 ? 1 : cos.size(0);
     const float logit_cap = static_cast<float>(softcap);
     const bool sparse = pos >= s.sparse_from;
-    if (sparse) {
+    // MSA's selection by the stored index: per layer (codes, scales, means) as kv_index.py keeps
+    // them, the first index_tokens indexed; empty: Quest's selection over the summaries
+    const bool by_index = !index.empty();
+    TORCH_CHECK(!by_index || index.size() == 3 * layers_.size(), "index: codes, scales, means per layer");
+    if (sparse && !by_index) {
       TORCH_CHECK(summaries.is_contiguous() && summaries.scalar_type() == at::kFloat && summaries.dim() == 5 &&
                       summaries.size(0) == static_cast<int64_t>(layers_.size()) && summaries.size(1) == n_kv_heads_ &&
                       summaries.size(2) >= pos / s.block_size,
@@ -764,7 +770,9 @@ class DecoderStack {
       } else {
         const int64_t layer = static_cast<int64_t>(li);
         std::vector<Selection> sel;
-        if (s.selection_layer >= 0 && layer > s.selection_layer && have_shared) {
+        if (by_index) {
+          sel.assign(static_cast<size_t>(n_kv_heads_), index_selection(q, li, ks, index, index_tokens, pos, s, top_p));
+        } else if (s.selection_layer >= 0 && layer > s.selection_layer && have_shared) {
           sel.assign(static_cast<size_t>(n_kv_heads_), shared);
         } else {
           const int64_t n_blocks = summaries.size(2);
@@ -828,6 +836,46 @@ class DecoderStack {
   void norm(const Layer& l, const float* x, const at::Tensor& w, float* y, int64_t rows, int64_t n) const {
     if (l.torch_norms) return rms_norm_as_torch(x, w.data_ptr<float>(), y, rows, n, eps_);
     for (int64_t row = 0; row < rows; ++row) rms_norm(x + row * n, w.data_ptr<float>(), y + row * n, n, eps_);
+  }
+
+  // The blocks the token reads in layer li by the stored index (select_index.h), its query heads
+  // q [Hq, D] at their true position.
+  Selection index_selection(const float* q, size_t li, const at::Tensor& ks, const std::vector<at::Tensor>& index,
+                            int64_t index_tokens, int64_t pos, const Settings& s, double top_p) const {
+    const at::Tensor& codes = index[3 * li];
+    const at::Tensor& scales = index[3 * li + 1];
+    const at::Tensor& means = index[3 * li + 2];
+    const int64_t indexed = codes.numel() ? index_tokens : 0;
+    TORCH_CHECK(indexed == 0 || (codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
+                                 codes.size(1) >= indexed && scales.scalar_type() == at::kHalf &&
+                                 scales.is_contiguous() && means.scalar_type() == at::kHalf &&
+                                 means.is_contiguous() && means.size(1) * s.block_size >= indexed),
+                "index: contiguous codes uint8 [Hkv, cap, D/2], scales fp16 [Hkv, cap], means fp16 [Hkv, blocks, D]");
+    const block_index::IndexView view{
+        indexed ? codes.data_ptr<uint8_t>() : nullptr, indexed ? scales.data_ptr<c10::Half>() : nullptr,
+        indexed ? means.data_ptr<c10::Half>() : nullptr, indexed ? codes.size(1) : 0,
+        indexed ? means.size(1) : 0, indexed, s.block_size};
+    const block_index::Budget budget{s.block_size, s.topk, s.local_blocks, s.sink_blocks, top_p};
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    const int64_t cap = ks.size(1);
+    block_index::Chosen chosen;
+    switch (ks.scalar_type()) {
+      case at::kHalf:
+        chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<at::Half>(), cap,
+                                              pos, budget);
+        break;
+      case at::kBFloat16:
+        chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view,
+                                              ks.data_ptr<at::BFloat16>(), cap, pos, budget);
+        break;
+      default:
+        chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<float>(), cap,
+                                              pos, budget);
+    }
+    Selection sel;
+    sel.blocks = chosen.blocks;
+    sel.n_far = chosen.n_far;
+    return sel;
   }
 
   static std::vector<int64_t> flatten(const Selection& shared, bool have) {
