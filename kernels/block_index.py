@@ -75,27 +75,40 @@ CODE_OFFSET = 8  # a stored 4-bit code is the signed code plus this, in 1..15
 
 def pack_index(keys: torch.Tensor, block_size: int):
     """The stored 4-bit index of whole blocks of keys [Hkv, n, D] (n a multiple of block_size,
-    D even): codes uint8 [Hkv, n, D // 2] (channel 2i in the low nibble, 2i + 1 in the high),
-    scales fp16 [Hkv, n], means fp16 [Hkv, n // block_size, D]; `unpack_index` gives back
-    `index_keys(keys, 4, block_size)`. Per token and KV head: D / 2 + 2 bytes, and 2 D / B
-    bytes of its block's mean: 74 bytes against K/V's 512 at D 128 in fp16 (14%)."""
+    D of 8): codes uint8 [Hkv, n, D // 2], scales fp16 [Hkv, n], means fp16 [Hkv, n // B, D];
+    `unpack_index` gives back `index_keys(keys, 4, block_size)`. A block's codes are its B rows
+    of D / 2 bytes, laid out for a vector of tokens (`_to_lanes`): by groups of 8 channels, each
+    group's B tokens one after another, 4 bytes a token, byte k holding channel 8c + k in its low
+    nibble and 8c + 4 + k in its high one (code + 8, in 1..15). Per token and KV head: D / 2 + 2
+    bytes, and 2 D / B bytes of its block's mean: 74 bytes against K/V's 512 at D 128 in fp16."""
     hkv, n, d = keys.shape
     blocks = keys.float().view(hkv, n // block_size, block_size, d)
     means = blocks.mean(dim=2).half()
     residual = blocks - means.float()[:, :, None]
     scales = (residual.abs().amax(dim=-1) / 7).half()  # [Hkv, nb, B]
     codes = (residual / scales.float()[..., None].clamp(min=_TINY)).round().clamp(-7, 7)
-    codes = (codes + CODE_OFFSET).to(torch.uint8).view(hkv, n, d // 2, 2)
-    packed = codes[..., 0] | (codes[..., 1] << 4)
-    return packed, scales.view(hkv, n), means
+    codes = (codes + CODE_OFFSET).to(torch.uint8).view(hkv, -1, block_size, d // 8, 2, 4)
+    packed = codes[..., 0, :] | (codes[..., 1, :] << 4)  # [Hkv, nb, B, D/8, 4]
+    return _to_lanes(packed).reshape(hkv, n, d // 2), scales.view(hkv, n), means
 
 
 def unpack_index(codes: torch.Tensor, scales: torch.Tensor, means: torch.Tensor, block_size: int):
     """fp32 keys [Hkv, n, D] from `pack_index`'s codes, scales and means."""
+    rounded = signed_codes(codes, block_size).float() * scales.float()[..., None]
+    return rounded + means.float().repeat_interleave(block_size, dim=1)[:, : codes.shape[1]]
+
+
+def signed_codes(codes: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int32 [Hkv, n, D]: each token's codes in -7..7, channel by channel, from `pack_index`'s."""
     hkv, n, half = codes.shape
-    signed = torch.stack([codes & 15, codes >> 4], dim=-1).view(hkv, n, 2 * half).float() - 8
-    rounded = signed * scales.float()[..., None]
-    return rounded + means.float().repeat_interleave(block_size, dim=1)[:, :n]
+    packed = codes.reshape(hkv, n // block_size, half // 4, block_size, 4).transpose(2, 3)
+    nibbles = torch.stack([packed & 15, packed >> 4], dim=-2)  # [.., B, D/8, 2, 4]
+    return nibbles.reshape(hkv, n, 2 * half).int() - CODE_OFFSET
+
+
+def _to_lanes(packed: torch.Tensor) -> torch.Tensor:
+    """[Hkv, nb, B, D/8, 4] -> [Hkv, nb, D/8, B, 4]: a group's 4 bytes of B tokens side by side."""
+    return packed.transpose(2, 3).contiguous()
 
 
 def token_log_probs(

@@ -64,9 +64,13 @@ def test_a_packed_index_unpacks_to_the_four_bit_index_keys():
     assert tuple(scales.shape) == (2, 24) and tuple(means.shape) == (2, 3, 8)
     assert int(codes.min() & 15) >= 1 and int(codes.max() >> 4) <= 15  # codes -7..7, plus 8
     assert torch.equal(bi.unpack_index(codes, scales, means, 8), bi.index_keys(k, 4, 8))
-    # channel 2i in the low nibble: written out for one token
-    signed = [(int(b) & 15) - 8 for b in codes[1, 5]], [(int(b) >> 4) - 8 for b in codes[1, 5]]
-    row = [signed[i % 2][i // 2] * float(scales[1, 5]) + float(means[1, 0, i]) for i in range(8)]
+    # written out for token 5 of head 1 (block 0): group c's 4 bytes sit at (c * 8 + 5) * 4
+    flat = codes[1, :8].flatten()  # block 0's 8 x 4 bytes
+    row = []
+    for channel in range(8):
+        byte = int(flat[(channel // 8 * 8 + 5) * 4 + channel % 4])
+        nibble = byte & 15 if channel % 8 < 4 else byte >> 4
+        row.append((nibble - 8) * float(scales[1, 5]) + float(means[1, 0, channel]))
     assert torch.allclose(bi.unpack_index(codes, scales, means, 8)[1, 5], torch.tensor(row))
 
 
@@ -177,7 +181,7 @@ def test_read_ids_lists_each_rows_blocks_ascending():
     assert bi.read_ids(read).tolist() == [[[0, 2, 3], [1, -1, -1]]]
 
 
-@pytest.mark.parametrize("d,block", [(16, 8), (64, 16), (128, 64)])
+@pytest.mark.parametrize("d,block", [(16, 8), (64, 16), (128, 64)])  # blocks of 8: no VNNI
 def test_the_cpu_index_scorer_matches_its_definition(d, block):
     from msa.kernels import index_scores
 
@@ -185,9 +189,22 @@ def test_the_cpu_index_scorer_matches_its_definition(d, block):
     keys = (torch.randn(3, 4 * block, d, generator=g) * 2 + 1).half()
     codes, scales, means = bi.pack_index(keys, block)
     q = torch.randn(6, 5, d, generator=g)
+    q[2, 1] = 0  # a query of zeros: a step of 1, every product 0
     got = index_scores.index_logits(q, codes, scales, means, block)
-    # the definition written out: each query head against its KV group's unpacked keys
-    unpacked = bi.unpack_index(codes, scales, means, block)
-    want = torch.stack([q[h] @ unpacked[h // 2].T for h in range(6)])
-    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
     assert index_scores._EXTENSION.load() is not None, index_scores._EXTENSION.error
+    # the definition written out for each head and token: int8 query, signed codes, the mean
+    unpacked = bi.unpack_index(codes, scales, means, block)
+    signed = bi.signed_codes(codes, block)
+    for h, t in [(0, 0), (2, 1), (5, 4), (3, 2)]:
+        step = max(float(q[h, t].abs().max()) / 127, 0) or 1.0
+        qi = torch.round(q[h, t] / step)
+        for token in range(0, 4 * block, 7):
+            kv, b = h // 2, token // block
+            want = step * float(scales[kv, token]) * float(qi @ signed[kv, token].float())
+            want += float(q[h, t] @ means[kv, b].float())
+            assert abs(float(got[h, t, token]) - want) <= 1e-4 * (1 + abs(want))
+    # and close to the fp32 query against the unpacked keys: the int8 query's rounding only
+    exact = torch.stack([q[h] @ unpacked[h // 2].T for h in range(6)])
+    assert float((got - exact).abs().max()) <= 0.02 * float(exact.abs().max())
+    want = index_scores.index_logits_reference(q, codes, scales, means, block)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())

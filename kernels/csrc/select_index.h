@@ -12,12 +12,75 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "index_logits.h"
 #include "kv_rows.h"
 
 namespace block_index {
+
+// One head's logits row [n] pooled per block of bs: each block's largest logit, and its sum of
+// exp(logit - top) with top the row's largest; returns (top, the row's sum).
+inline std::pair<float, float> pool_row_portable(const float* row, int64_t n, int64_t bs, float* block_max,
+                                                 float* block_sum) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t]);
+  float total = 0.f;
+  for (int64_t b0 = 0; b0 < n; b0 += bs) {
+    float m = -std::numeric_limits<float>::infinity(), sum = 0.f;
+    for (int64_t t = b0; t < std::min(n, b0 + bs); ++t) {
+      m = std::max(m, row[t]);
+      sum += std::exp(row[t] - top);
+    }
+    block_max[b0 / bs] = m;
+    block_sum[b0 / bs] = sum;
+    total += sum;
+  }
+  return {top, total};
+}
+
+#ifdef MSA_INDEX_VNNI
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "avx512_exp2.h"
+// pool_row_portable on sixteen lanes (blocks of a multiple of 16 tokens), the exponentials by
+// avx512_exp2.h's polynomial.
+inline std::pair<float, float> pool_row_avx512(const float* row, int64_t n, int64_t bs, float* block_max,
+                                               float* block_sum) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 top_v = neg_inf;
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 m = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+    top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, row + t));
+  }
+  const float top = _mm512_reduce_max_ps(top_v);
+  const __m512 shift = _mm512_set1_ps(top), log2e = _mm512_set1_ps(1.44269504089f);
+  float total = 0.f;
+  for (int64_t b0 = 0; b0 < n; b0 += bs) {
+    __m512 m_v = neg_inf, sum_v = _mm512_setzero_ps();
+    for (int64_t t = b0; t < std::min(n, b0 + bs); t += 16) {
+      const __mmask16 m = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+      const __m512 x = _mm512_maskz_loadu_ps(m, row + t);
+      m_v = _mm512_mask_max_ps(m_v, m, m_v, x);
+      const __m512 e = exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(x, shift), log2e));
+      sum_v = _mm512_mask_add_ps(sum_v, m, sum_v, e);
+    }
+    block_max[b0 / bs] = _mm512_reduce_max_ps(m_v);
+    block_sum[b0 / bs] = _mm512_reduce_add_ps(sum_v);
+    total += block_sum[b0 / bs];
+  }
+  return {top, total};
+}
+#pragma GCC pop_options
+#endif
+
+inline std::pair<float, float> pool_row(const float* row, int64_t n, int64_t bs, float* block_max, float* block_sum) {
+#ifdef MSA_INDEX_VNNI
+  if (bs % 16 == 0) return pool_row_avx512(row, n, bs, block_max, block_sum);
+#endif
+  return pool_row_portable(row, n, bs, block_max, block_sum);
+}
 
 struct Budget {
   int64_t block_size, topk, local_blocks, sink_blocks;
@@ -39,8 +102,8 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
   const int64_t n = pos + 1, g = n_heads / n_kv_heads, bs = b.block_size;
   const int64_t own = pos / bs, window_first = std::max<int64_t>(0, own - b.local_blocks + 1);
   const int64_t sink_end = std::min(b.sink_blocks, window_first), n_blocks = own + 1;
-  std::vector<float> logp(static_cast<size_t>(n_heads * n));
-  if (index.n_tokens > 0) index_logits(q, n_heads, n_kv_heads, d, index, logp.data(), n);
+  std::vector<float> logits(static_cast<size_t>(n_heads * n));
+  if (index.n_tokens > 0) index_logits(q, n_heads, n_kv_heads, d, index, logits.data(), n);
   std::vector<float> buf(static_cast<size_t>(d));
   for (int64_t kv = 0; kv < n_kv_heads; ++kv)
     for (int64_t t = index.n_tokens; t < n; ++t) {  // the unindexed tail, as stored
@@ -48,17 +111,22 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
       for (int64_t h = kv * g; h < (kv + 1) * g; ++h) {
         float acc = 0.f;
         for (int64_t c = 0; c < d; ++c) acc += q[h * d + c] * k[c];
-        logp[h * n + t] = acc;
+        logits[h * n + t] = acc;
       }
     }
-  for (int64_t h = 0; h < n_heads; ++h) {  // log-softmax of the scaled logits
-    float* row = logp.data() + h * n;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t] *= scale);
-    double sum = 0.0;
-    for (int64_t t = 0; t < n; ++t) sum += std::exp(row[t] - top);
-    const float lse = top + static_cast<float>(std::log(sum));
-    for (int64_t t = 0; t < n; ++t) row[t] -= lse;
+  // per head and block: the largest log-probability of a token there, and the block's share
+  std::vector<float> head_max(static_cast<size_t>(n_heads * n_blocks)), head_mass(head_max.size());
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* row = logits.data() + h * n;
+    for (int64_t t = 0; t < n; ++t) row[t] *= scale;
+    float* bmax = head_max.data() + h * n_blocks;
+    float* bsum = head_mass.data() + h * n_blocks;
+    const auto [top, total] = pool_row(row, n, bs, bmax, bsum);
+    const float lse = top + std::log(total);
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      bmax[blk] -= lse;
+      bsum[blk] /= total;
+    }
   }
   std::vector<char> read(static_cast<size_t>(n_blocks), 0);
   for (int64_t blk = 0; blk < sink_end; ++blk) read[blk] = 1;
@@ -68,13 +136,11 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
   for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
     std::fill(score.begin(), score.end(), -std::numeric_limits<float>::infinity());
     std::fill(mass.begin(), mass.end(), 0.f);
-    for (int64_t h = kv * g; h < (kv + 1) * g; ++h) {
-      const float* row = logp.data() + h * n;
-      for (int64_t t = 0; t < n; ++t) {
-        score[t / bs] = std::max(score[t / bs], row[t]);
-        if (b.top_p > 0) mass[t / bs] += std::exp(row[t]) / static_cast<float>(g);
+    for (int64_t h = kv * g; h < (kv + 1) * g; ++h)
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        score[blk] = std::max(score[blk], head_max[h * n_blocks + blk]);
+        mass[blk] += head_mass[h * n_blocks + blk] / static_cast<float>(g);
       }
-    }
     std::iota(order.begin(), order.end(), sink_end);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return score[a] > score[c]; });
     float held = 0.f;  // the forced blocks' share, then the kept candidates' added
