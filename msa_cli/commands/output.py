@@ -180,6 +180,7 @@ def answer_figures(usage: Usage, *, prompt: bool = True) -> str:
         f"({usage.prefill_tok_s:,.1f} tok/s); "
         f"{usage.generated_tokens:,} written at {usage.decode_tok_s:,.1f} tok/s; "
         f"finish: {usage.finish_reason or 'interrupted'}"
+        + (f"; C++ kernels built in {usage.build_s:.1f} s" if usage.build_s else "")
     )
 
 
