@@ -105,11 +105,6 @@ class StepSettings:
         ]
 
 
-def needs_build() -> bool:
-    """Whether `compiled_extension()` would compile first (no build for this machine yet)."""
-    return _EXTENSION.needs_build()
-
-
 def compiled_extension():
     """The built extension module, or None where it cannot be built (see `build_error`)."""
     return _EXTENSION.load()

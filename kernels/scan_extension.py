@@ -6,8 +6,6 @@ MSA_NO_SCAN_KERNELS=1 keeps the scan in PyTorch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .cpp_build import CppExtension
@@ -15,11 +13,9 @@ from .cpp_build import CppExtension
 EXTENSION = CppExtension("msa_question_scan", ["question_scan.cpp"], off_by="MSA_NO_SCAN_KERNELS")
 
 
-def build(on_build: Callable[[], None] | None = None) -> None:
+def build() -> None:
     """Compile the extension now, rather than in a question's first layer, where this machine
-    has no build of it yet; `on_build()` first (a model loader says why it waits)."""
-    if EXTENSION.needs_build() and on_build is not None:
-        on_build()
+    has no build of it yet (the build says so on stderr: cpp_build.py)."""
     EXTENSION.load()
 
 

@@ -20,8 +20,6 @@ and the output head (Gemma's soft-capped logits) stay outside the step, in the m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -128,16 +126,11 @@ class FusedDecode:
         self.step = step
 
     @staticmethod
-    def build(
-        model, specs: list[dict] | None, on_build: Callable[[], None] | None = None
-    ) -> FusedDecode | str:
-        """The step for `model` given its layers' specs (None: they do not fit), or why not.
-        `on_build()` is called first when that means compiling the extension."""
+    def build(model, specs: list[dict] | None) -> FusedDecode | str:
+        """The step for `model` given its layers' specs (None: they do not fit), or why not."""
         c = model.config
         if c.rope_dim != c.head_dim or model.embed_tokens.weight.dtype != torch.float32:
             specs = None
-        if specs is not None and kernel.needs_build() and on_build is not None:
-            on_build()
         extension = kernel.compiled_extension() if specs is not None else None
         if extension is None:
             return kernel.build_error() or NOT_PLAIN_LAYERS

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -231,13 +229,12 @@ class Transformer(nn.Module):
             return head.weight[ids].float() * head.scales[ids, None].float()
         return head.weight[ids].float()
 
-    def prepare_decode(self, on_build: Callable[[], None] | None = None) -> str | None:
-        """Build the fused decode step now rather than at the first one-token forward;
-        `on_build()` is called first when that means compiling the extension. Returns None when
-        one-token forwards run it, else why they run per op."""
+    def prepare_decode(self) -> str | None:
+        """Build the fused decode step now rather than at the first one-token forward. Returns
+        None when one-token forwards run it, else why they run per op."""
         if not self._decode_prepared:
             specs = [block.fused_spec() for block in self.layers]
-            built = FusedDecode.build(self, None if None in specs else specs, on_build)
+            built = FusedDecode.build(self, None if None in specs else specs)
             if isinstance(built, str):
                 self.per_op_reason = built
             else:

@@ -6,8 +6,6 @@ answer_blocks.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from msa.kernels import scan_extension
@@ -31,11 +29,10 @@ PEAK_KEY_CHUNK = 4096
 PEAK_KEPT_BYTES = 256 << 20
 
 
-def prepare_scan(on_build: Callable[[], None] | None = None) -> None:
+def prepare_scan() -> None:
     """Build the scan's C++ kernels now (kernels/scan_extension.py) rather than in a question's
-    first layer; `on_build()` is called first when that means compiling them. Where they cannot
-    be built, the scan runs in PyTorch."""
-    scan_extension.build(on_build)
+    first layer. Where they cannot be built, the scan runs in PyTorch."""
+    scan_extension.build()
 
 
 def found_by_peaks(q, q_start: int, ctx: ForwardContext, layer: int) -> list[int]:

@@ -278,18 +278,13 @@ def test_layers_it_does_not_describe_have_no_fused_step():
     assert partial.fused_decode is None
 
 
-def test_prepare_tells_once_when_it_compiles_and_why_it_cannot(monkeypatch):
+def test_prepare_builds_once_and_says_why_it_cannot():
     model = _model()
-    monkeypatch.setattr(decoder_step, "needs_build", lambda: True)
-    told = []
-    assert model.prepare_decode(on_build=lambda: told.append("building")) is None
-    # built: nothing more to say
-    assert model.prepare_decode(on_build=lambda: told.append("again")) is None
-    assert told == ["building"]
+    assert model.prepare_decode() is None
+    step = model.fused_decode
+    assert model.prepare_decode() is None and model.fused_decode is step  # built once
     partial = tiny_model(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5)
-    reason = partial.prepare_decode(on_build=lambda: told.append("no"))
-    assert "not the Llama or Gemma layers" in reason
-    assert told == ["building"]
+    assert "not the Llama or Gemma layers" in partial.prepare_decode()
 
 
 @pytest.mark.slow

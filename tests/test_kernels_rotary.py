@@ -48,15 +48,3 @@ def test_rotate_back_of_no_rows_and_of_more_dimensions():
         rotary.rotate_back(x, angles.cos(), angles.sin()),
         rotate_back_reference(x, angles.cos(), angles.sin()),
     )
-
-
-def test_prepare_scan_says_so_only_when_it_compiles(monkeypatch):
-    from msa.kernels import scan_extension
-    from msa.models.question_peaks import prepare_scan
-
-    told = []
-    prepare_scan(on_build=lambda: told.append("built"))  # built already by the tests above
-    assert told == []
-    monkeypatch.setattr(scan_extension.EXTENSION, "needs_build", lambda: True)
-    prepare_scan(on_build=lambda: told.append("built"))
-    assert told == ["built"]

@@ -64,10 +64,14 @@ def test_cache_commands(run, tmp_path, isolated_home, monkeypatch):
         chain = index.load(r["id"])
         assert r["bytes"] == sum(index.store.path(key).stat().st_size for key in chain.blocks)
     lines = ok(run("cache", "ls")).splitlines()
-    assert lines[0].split() == ["ID", "TOKENS", "SIZE", "LAST", "USED", "SOURCE"]
-    assert [line.split()[:4] + line.split()[-1:] for line in lines[1:]] == [
-        [r["id"], f"{r['tokens']}", *format_size(r["bytes"]).split(), r["source"]] for r in rows
+    assert lines[0].split() == ["ID", "TOKENS", "SIZE", "LAST", "USED", "MODEL", "SOURCE"]
+    assert [line.split()[:4] + line.split()[-2:-1] for line in lines[1:]] == [
+        [r["id"], f"{r['tokens']}", *format_size(r["bytes"]).split(), r["model"]] for r in rows
     ]
+    # each source whole, or its end after an ellipsis where the 80 columns cannot hold it
+    assert all(
+        r["source"].endswith(line.split()[-1].removeprefix("…")) for r, line in zip(rows, lines[1:])
+    )
 
     assert ok(run("cache", "info")).splitlines() == [
         f"directory  {root}",

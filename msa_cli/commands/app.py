@@ -11,16 +11,17 @@ from .bench import bench_app
 from .cache import cache_app
 from .calibrate import calibrate
 from .chat import chat
-from .errors import EXIT_CODES_HELP, OneLineUsageGroup
+from .errors import EXIT_CODES_HELP
 from .eval import eval_app
 from .eval_fidelity import eval_fidelity
+from .help_pages import ExamplesGroup, PanelledCommand
 from .models import models_app, quantize
 from .pull_command import pull
 from .serve import serve
 
 app = typer.Typer(
     name="msa",
-    cls=OneLineUsageGroup,
+    cls=ExamplesGroup,
     help="Ask questions about very long documents, on your own machine.\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=True,
@@ -31,13 +32,14 @@ app.add_typer(bench_app, name="bench")
 eval_app.command("fidelity")(eval_fidelity)
 app.add_typer(eval_app, name="eval")
 app.add_typer(cache_app, name="cache")
-app.command(epilog=EXIT_CODES_HELP)(ask)
-app.command(epilog=EXIT_CODES_HELP)(chat)
-app.command(epilog=EXIT_CODES_HELP)(calibrate)
+# each command's --help ends with its examples and the exit codes (examples.py)
+app.command(cls=PanelledCommand)(ask)
+app.command(cls=PanelledCommand)(chat)
+app.command()(calibrate)
 app.add_typer(models_app, name="models")
-app.command(epilog=EXIT_CODES_HELP)(pull)
-app.command("quantize", epilog=EXIT_CODES_HELP)(quantize)
-app.command(epilog=EXIT_CODES_HELP)(serve)
+app.command()(pull)
+app.command("quantize")(quantize)
+app.command(cls=PanelledCommand)(serve)
 
 
 def _version(value: bool):

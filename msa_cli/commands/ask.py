@@ -8,6 +8,7 @@ import time
 import typer
 
 from .errors import reports_errors
+from .help_pages import OUTPUT
 from .options import (
     ApiKeyOption,
     AttentionOption,
@@ -58,7 +59,10 @@ def ask(
     system: str | None = SystemOption,
     threads: int | None = ThreadsOption,
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object with the answer and figures, at the end."
+        False,
+        "--json",
+        help="Print one JSON object with the answer and figures, at the end.",
+        rich_help_panel=OUTPUT,
     ),
     quiet: bool = QuietOption,
     verbose: bool = VerboseOption,
@@ -121,9 +125,7 @@ def ask(
         return
     from .local import local_model
 
-    loaded = local_model(
-        model, cache_dir, threads, quant, dtype, verbose, attention_, quiet=quiet or json_out
-    )
+    loaded = local_model(model, cache_dir, threads, quant, dtype, verbose, attention_)
     session = loaded.session(
         document,
         attention=attention_,
@@ -135,7 +137,6 @@ def ask(
         seed=seed,
         system=system,
         sources=sources,
-        note=quiet_or_note(quiet or json_out),
     )
     _answer(session, question, loaded.load_s, started_at, json_out, quiet, verbose)
 

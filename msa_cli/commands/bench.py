@@ -60,7 +60,7 @@ def bench_e2e(
     from ..engine.bench import run_e2e
     from ..engine.loading import load, set_threads
     from ..engine.paths import cache_dir as resolve_cache_dir
-    from .output import note, print_rows
+    from .output import print_rows
 
     lengths = parse_lengths(length)
     settings = attention_settings(
@@ -68,7 +68,7 @@ def bench_e2e(
     )
     check_precision(quant, dtype)
     n_threads = set_threads(threads)
-    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
+    loaded, load_s = load(model, cache=cache_dir, quant=quant, dtype=dtype)
 
     rows = run_e2e(
         loaded,

@@ -63,6 +63,10 @@ def _valid_chains(index) -> list:
         raise disk_error(e, f"cannot read the prefix cache {index.store.root}") from None
 
 
+# `cache ls`: the fewest columns a model or a source is cut to on a narrow terminal
+NARROWEST = 10
+
+
 def _time(t: float) -> str:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
@@ -76,8 +80,6 @@ def ls(
     cache_dir: str | None = CacheDirOption,
 ):
     """One line per cached document: id, source, tokens, size, last used (most recent first)."""
-    from ..engine.prefix_cache import format_size
-
     index = _index(cache_dir)
     rows = []
     for chain in sorted(_valid_chains(index), key=lambda c: c.last_used, reverse=True):
@@ -100,16 +102,43 @@ def ls(
     if not rows:
         print(f"no cached documents in {index.store.root}")
         return
-    print(f"{'ID':16}  {'TOKENS':>13}  {'SIZE':>9}  {'LAST USED':16}  SOURCE")
+    _print_table(rows)
+
+
+def _print_table(rows: list[dict]) -> None:
+    """`cache ls` for people, as wide as the terminal (COLUMNS, else the terminal's, else 80):
+    the model and the source share what the other columns leave, each cut at its start to an
+    ellipsis rather than wrapped (a file's name and a model's size and quant stay). The model
+    and the token count tell apart two entries of one source."""
+    import shutil
+
+    from ..engine.prefix_cache import format_size
+
+    table = [["ID", "TOKENS", "SIZE", "LAST USED", "MODEL", "SOURCE"]]
     for r in rows:
         tokens = (
             f"{r['tokens']:,}"
             if r["cached_tokens"] == r["tokens"]
             else f"{r['cached_tokens']:,}/{r['tokens']:,}"
         )
-        used = datetime.fromisoformat(r["last_used"]).strftime("%Y-%m-%d %H:%M")
-        source = visible(r["source"])
-        print(f"{r['id']:16}  {tokens:>13}  {format_size(r['bytes']):>9}  {used:16}  {source}")
+        used = datetime.fromisoformat(r["last_used"]).strftime("%m-%d %H:%M")
+        table.append([r["id"], tokens, format_size(r["bytes"]), used])
+        table[-1] += [visible(r["model"]), visible(r["source"])]
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
+    room = shutil.get_terminal_size().columns - sum(widths[:4]) - 2 * 5
+    widths[4] = min(widths[4], max(room // 2, NARROWEST))
+    widths[5] = max(room - widths[4], NARROWEST)
+    for row in table:
+        cells = [_cut_start(cell, w) for cell, w in zip(row, widths)]
+        cells = [
+            c.rjust(w) if i in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _cut_start(text: str, width: int) -> str:
+    """`text` in at most `width` columns: its end, after an ellipsis, where it is longer."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
 
 
 @cache_app.command("info")

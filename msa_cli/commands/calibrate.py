@@ -75,7 +75,7 @@ def calibrate(
     tokens = lengths[0]
     prose = read_prose(haystack) if haystack else shipped_prose()
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir, quant=quant, note=note)
+    loaded, _ = load(model, cache=cache_dir, quant=quant)
     context = loaded.config.max_position_embeddings
     if tokens > context:
         raise typer.BadParameter(

@@ -116,9 +116,7 @@ def chat(
     else:
         from .local import local_model
 
-        loaded = local_model(
-            model, cache_dir, threads, quant, dtype, verbose, attention_, quiet=quiet
-        )
+        loaded = local_model(model, cache_dir, threads, quant, dtype, verbose, attention_)
         engine_session = loaded.session(
             documents,
             attention=attention_,
@@ -130,7 +128,6 @@ def chat(
             seed=seed,
             system=system,
             sources=True,
-            note=quiet_or_note(quiet),
         )
         session = LocalChat(
             engine_session,

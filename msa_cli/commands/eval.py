@@ -54,12 +54,12 @@ def eval_passkey(
 
     from ..engine.loading import load, set_threads
     from ..engine.passkey import run_passkey
-    from .output import note, print_rows
+    from .output import print_rows
 
     check_precision(quant, dtype)
     lengths = parse_lengths(length)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype)
     try:
         modes = [(m, AttentionSettings(mode=m, topk=topk)) for m in attention.split(",")]
     except ValueError as e:
@@ -169,7 +169,6 @@ def eval_ruler(
     from ..engine.loading import set_threads
     from ..engine.model import load as load_model
     from . import eval_report as report
-    from .output import note
 
     check_precision(quant, dtype)
     if plot:
@@ -179,9 +178,7 @@ def eval_ruler(
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
     threads = set_threads(threads)  # the free cores unless --threads says otherwise
-    engine = load_model(
-        model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir, note=note
-    )
+    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir)
     limit = dense_limit or engine.loaded.config.max_position_embeddings
     modes = llamacpp.with_llamacpp(engine, modes, engines, threads=threads)
     units = ruler_units(engine.loaded.tokenizer, chosen, sizes, samples, seed, prose)
@@ -233,15 +230,12 @@ def eval_file(
     from ..engine.loading import set_threads
     from ..engine.model import load as load_model
     from . import eval_report as report
-    from .output import note
 
     check_precision(quant, dtype)
     modes, units, store = _modes(attention, topk), read_set(path), ResultsFile(results)
     engines = _engines(engine_names)
     threads = set_threads(threads)  # the free cores unless --threads says otherwise
-    engine = load_model(
-        model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir, note=note
-    )
+    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir)
     modes = with_llamacpp(engine, modes, engines, threads=threads)
     records, totals = run_sweep(
         engine, units, modes, store, file_score, on_result=report.progress_line

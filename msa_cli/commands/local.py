@@ -20,28 +20,25 @@ def local_model(
     dtype: str,
     verbose: bool,
     attention,
-    *,
-    quiet: bool = False,
 ):
     """The engine's `Model` for --model, loaded on the cores free of other
     work unless --threads says otherwise."""
     from ..engine import load
 
-    loaded = load(
-        model,
-        quant=quant,
-        dtype=dtype,
-        threads=threads,
-        cache_dir=cache_dir,
-        note=None if quiet else note,
-    )
+    loaded = load(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir)
     if verbose:
-        note(_model_line(loaded.loaded, loaded.load_s, loaded.threads, attention))
+        note(_model_line(loaded.loaded, loaded.load_s, loaded.threads, attention, _built(loaded)))
     return loaded
 
 
-def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
-    """--verbose: which model, from where, and the settings that shape reading."""
+def _built(loaded) -> str:
+    """`, after building its C++ kernels in 81.2 s` when the load compiled them."""
+    return f", after building its C++ kernels in {loaded.build_s:.1f} s" if loaded.build_s else ""
+
+
+def _model_line(loaded, load_s: float, n_threads: int, attention, built: str = "") -> str:
+    """--verbose: which model, from where, and the settings that shape reading (`built`: the
+    load's kernel builds, `_built`)."""
     from msa.models.attention_plan import always_dense_reason, with_defaults
 
     block = attention.block_size or "the model's"
@@ -65,7 +62,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention) -> str:
     return (
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
         f"{PREFILL_PRODUCTS.get(loaded.prefill_products, '').format(bf16)}, "
-        f"loaded in {load_s:.2f} s; {n_threads} thread{'s' * (n_threads != 1)}; "
+        f"loaded in {load_s:.2f} s{built}; {n_threads} thread{'s' * (n_threads != 1)}; "
         f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
         f"block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"

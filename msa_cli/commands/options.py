@@ -8,6 +8,7 @@ import os
 import typer
 
 from ..engine.limits import MAX_ANSWER_TOKENS, MAX_BLOCK_SIZE, MAX_SEED, MAX_THREADS
+from .help_pages import ATTENTION, CACHE, MODEL, OUTPUT, SERVER
 
 
 def _finite(value: float | None) -> float | None:
@@ -34,6 +35,7 @@ ModelOption = typer.Option(
     envvar="MSA_MODEL",
     show_envvar=True,
     help="A model name (see README), a .gguf file or a model directory.",
+    rich_help_panel=MODEL,
 )
 ThreadsOption = typer.Option(
     None,
@@ -44,6 +46,7 @@ ThreadsOption = typer.Option(
     min=1,
     max=MAX_THREADS,
     help="CPU threads. [default: the cores free of other work]",
+    rich_help_panel=MODEL,
 )
 CacheDirOption = typer.Option(
     None,
@@ -51,6 +54,7 @@ CacheDirOption = typer.Option(
     envvar="MSA_CACHE_DIR",
     show_envvar=True,
     help="Where msa keeps converted models and caches. [default: $XDG_CACHE_HOME/msa]",
+    rich_help_panel=CACHE,
 )
 
 
@@ -82,26 +86,29 @@ SeedOption = typer.Option(
 SystemOption = typer.Option(
     None, "--system", help="A system prompt in place of the model's default."
 )
-NoCacheOption = typer.Option(False, "--no-cache", help="Neither read nor write the prefix cache.")
+NoCacheOption = typer.Option(
+    False, "--no-cache", help="Neither read nor write the prefix cache.", rich_help_panel=CACHE
+)
 CacheRoOption = typer.Option(
-    False, "--cache-ro", help="Read the prefix cache, write nothing to it."
+    False, "--cache-ro", help="Read the prefix cache, write nothing to it.", rich_help_panel=CACHE
 )
 AttentionOption = typer.Option(
     "auto",
     "--attention",
     envvar="MSA_ATTENTION",
     show_envvar=True,
-    help="auto: dense for the first 1,024 tokens, MSA block selection after (no length limit); "
-    "dense: every token reads every earlier one (up to the model's context); msa: block selection "
+    help="auto: dense for the first 1,024 tokens, MSA block selection after; dense: every "
+    "token reads every earlier one (up to the model's context); msa: block selection "
     "throughout.",
+    rich_help_panel=ATTENTION,
 )
 TopkOption = typer.Option(
     None,
     "--topk",
     min=1,
-    help="Blocks of the KV cache MSA selects per step, besides the first and the most recent "
-    "(more than the blocks there are reads them all). [default: the model's: `msa calibrate` "
-    "measures it, else 24]",
+    help="Blocks MSA selects per step besides the first and the most recent. [default: the "
+    "model's, as `msa calibrate` measured it, else 24]",
+    rich_help_panel=ATTENTION,
 )
 SelectionOption = typer.Option(
     "quest",
@@ -120,19 +127,23 @@ BlockSizeOption = typer.Option(
     min=1,
     max=MAX_BLOCK_SIZE,
     help="Tokens per KV block. [default: the model's, 64]",
+    rich_help_panel=ATTENTION,
 )
 LocalBlocksOption = typer.Option(
-    1, "--local-blocks", min=1, help="Most recent blocks every token reads."
+    1,
+    "--local-blocks",
+    min=1,
+    help="Most recent blocks every token reads.",
+    rich_help_panel=ATTENTION,
 )
 KvDtypeOption = typer.Option(
     "fp16",
     "--kv-dtype",
     envvar="MSA_KV_DTYPE",
     show_envvar=True,
-    help="How keys and values are stored (memory, spill files, prefix cache): fp16 (2 bytes "
-    "each, as llama.cpp's cache), bf16, fp32, or int8 (one scale per token and head: the prefix "
-    "cache takes about a quarter of fp32's disk). Attention computes in fp32 with each. auto: "
-    "the default (fp16).",
+    help="How keys and values are stored (memory, spill files, prefix cache): fp16 (as "
+    "llama.cpp's cache; auto is fp16), bf16, fp32, or int8 (a quarter of fp32's disk).",
+    rich_help_panel=ATTENTION,
 )
 QuietOption = typer.Option(
     False,
@@ -141,6 +152,7 @@ QuietOption = typer.Option(
     envvar="MSA_QUIET",
     show_envvar=True,
     help="Nothing on stderr but errors: no progress, notes or warnings.",
+    rich_help_panel=OUTPUT,
 )
 VerboseOption = typer.Option(
     False,
@@ -149,6 +161,7 @@ VerboseOption = typer.Option(
     envvar="MSA_VERBOSE",
     show_envvar=True,
     help="More on stderr: the model and settings used, and each answer's figures.",
+    rich_help_panel=OUTPUT,
 )
 QuantOption = typer.Option(
     None,
@@ -156,25 +169,24 @@ QuantOption = typer.Option(
     envvar="MSA_QUANT",
     show_envvar=True,
     help="The weights' precision: int8 (per channel) or int4 (groups of 32), quantized on "
-    "load, or none (floating point). [default: as the file stores them: a GGUF's quantized "
-    "blocks kept (Q4_1, the embedded model's, as int4), floating point as floating point]",
+    "load, or none. [default: as the file stores them]",
+    rich_help_panel=MODEL,
 )
 DtypeOption = typer.Option(
     "auto",
     "--dtype",
     envvar="MSA_DTYPE",
     show_envvar=True,
-    help="Compute dtype: auto (the default: fp32, but a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 weights "
-    "prefill with their inputs in int8 where the CPU has AVX-512 VNNI and no AMX, as decode and "
-    "llama.cpp compute, else on bf16 tiles where it has AMX or AVX-512 BF16; prefill's attention "
-    "on bf16 products with AVX-512 BF16), fp32 (exact fp32 products everywhere), or bf16 "
-    "(prefill on bf16 tiles, ten times closer to exact fp32 than llama.cpp: 1.5x slower than "
-    "int8 inputs without AMX, as fast with it; fast only on CPUs with bf16 units).",
+    help="Compute dtype: auto (fp32, a GGUF's Q4_K/Q6_K/Q5_0/Q8_0 weights prefilling on int8 "
+    "inputs or bf16 tiles where the CPU has the units for them), fp32 (exact everywhere) or bf16 "
+    "(prefill on bf16 tiles; fast only on CPUs with bf16 units).",
+    rich_help_panel=MODEL,
 )
 SourcesOption = typer.Option(
     False,
     "--sources",
     help="After the answer, list the passages the model read (file, lines, score).",
+    rich_help_panel=OUTPUT,
 )
 HiddenOption = typer.Option(
     False,
@@ -186,11 +198,9 @@ ServerOption = typer.Option(
     "--server",
     envvar="MSA_SERVER",
     show_envvar=True,
-    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place of "
-    "the local "
-    "engine, e.g. http://gpu-box:8000/v1. --attention, --topk, --block-size, --local-blocks, "
-    "--threads "
-    "and the cache options are then the server's business.",
+    help="An OpenAI-compatible server (vLLM, SGLang, llama.cpp, msa serve) to answer in place "
+    "of the local engine, e.g. http://gpu-box:8000/v1.",
+    rich_help_panel=SERVER,
 )
 ApiKeyOption = typer.Option(
     None,
@@ -198,6 +208,7 @@ ApiKeyOption = typer.Option(
     envvar="MSA_API_KEY",
     show_envvar=True,
     help="The key the --server asks for (sent as 'Authorization: Bearer KEY').",
+    rich_help_panel=SERVER,
 )
 TimeoutOption = typer.Option(
     600.0,
@@ -205,6 +216,7 @@ TimeoutOption = typer.Option(
     min=0.001,
     callback=_finite,
     help="Seconds to wait for the --server to connect or to send its next bytes.",
+    rich_help_panel=SERVER,
 )
 
 

@@ -150,8 +150,19 @@ def write_stdout(text: str) -> None:
 
 
 def sources_block(sources) -> str:
-    """What --sources prints after an answer's line: a blank line, then one line a passage."""
-    return "\nSources:\n" + "".join(f"  {visible(s.line())}\n" for s in sources)
+    """What --sources prints after an answer's line: a blank line, then one line a passage,
+    each cut to the terminal's width (its excerpt ends in an ellipsis rather than wrapping)."""
+    return "\nSources:\n" + "".join(f"{fitted('  ' + visible(s.line()))}\n" for s in sources)
+
+
+def fitted(line: str) -> str:
+    """`line` cut to the terminal's width (COLUMNS, else the terminal's, else 80 columns) with
+    an ellipsis at its end, counted in the cells it takes on screen."""
+    import shutil
+
+    text = Text(line)
+    text.truncate(shutil.get_terminal_size().columns, overflow="ellipsis")
+    return text.plain
 
 
 def reading_summary(reading: Reading) -> str:
@@ -180,6 +191,7 @@ def answer_figures(usage: Usage, *, prompt: bool = True) -> str:
         f"({usage.prefill_tok_s:,.1f} tok/s); "
         f"{usage.generated_tokens:,} written at {usage.decode_tok_s:,.1f} tok/s; "
         f"finish: {usage.finish_reason or 'interrupted'}"
+        + (f"; C++ kernels built in {usage.build_s:.1f} s" if usage.build_s else "")
     )
 
 

@@ -103,7 +103,6 @@ def serve(
     from ..engine.loading import load, set_threads
     from ..server.guard import is_loopback
     from ..server.run import address, listen, make_app, serve_until_stopped
-    from .output import note
 
     if api_key is not None and not api_key.strip():
         raise typer.BadParameter("an empty key would let anyone in", param_hint="--api-key")
@@ -128,7 +127,7 @@ def serve(
     attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
     sock = listen(host, port)
     set_threads(threads)
-    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype, note=note)
+    loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype)
     app_ = make_app(
         loaded,
         attention_,

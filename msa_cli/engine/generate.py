@@ -33,6 +33,7 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens already in the cache (the prefix cache's, or a chat's)
     prefill_tokens: int = 0
     prefill_s: float = 0.0
+    build_s: float = 0.0  # seconds the reading spent compiling C++ kernels (not in prefill_s)
     generated_tokens: int = 0
     decode_s: float = 0.0
     first_token_at: float | None = None  # time.time() when the first answer token was ready
@@ -49,10 +50,10 @@ class Usage:
         return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
 
 
-def prepare_decode(model: Transformer, *, on_build: Callable[[], None] | None = None) -> str | None:
+def prepare_decode(model: Transformer) -> str | None:
     """Build the fused CPU decode step for `model` now rather than at the first answer token;
-    returns why decoding runs op by op instead (None: fused). `on_build()` runs before a build."""
-    return model.prepare_decode(on_build=on_build)
+    returns why decoding runs op by op instead (None: fused)."""
+    return model.prepare_decode()
 
 
 def new_cache(

@@ -36,11 +36,9 @@ def load(
     cache: str | None = None,
     quant: str | None = None,
     dtype: str = "auto",
-    note=None,
 ):
     """Load `model` (quantized on load to `quant`, computing in `dtype`); returns (LoadedModel,
-    seconds).
-    `note(message)` tells of a wait worth explaining (None: say nothing)."""
+    seconds), the seconds without those spent compiling C++ kernels (`kernel_build_seconds`)."""
     from msa.models import load_model
     from msa.models.question_peaks import prepare_scan
 
@@ -50,7 +48,7 @@ def load(
 
     check_environment()  # before a load could run with a switch it misread
     keep_freed_memory()
-    start = time.perf_counter()
+    start, built_before = time.perf_counter(), kernel_build_seconds()
     key = (model, quant, dtype)
     if key not in _loaded:
         root = _writable_or_none(converted_models_dir(cache_dir(cache)))
@@ -63,28 +61,21 @@ def load(
             registered=registered_models(),
             calibrations=calibrations_dir(cache_dir(cache)),
         )
-        # the fused CPU decode step, built now rather than at the first answer token; the first
-        # time on a machine it compiles, which `note` says
-        prepare_decode(
-            loaded.model,
-            on_build=note
-            and (
-                lambda: note(
-                    "building the fused CPU decode step for this machine (once, under a minute)"
-                )
-            ),
-        )
-        # the question scan's kernels likewise, rather than in a first question
-        prepare_scan(
-            on_build=note
-            and (
-                lambda: note(
-                    "building the question scan's kernels for this machine (once, under a minute)"
-                )
-            )
-        )
+        # the fused CPU decode step, built now rather than at the first answer token (the first
+        # time on a machine it compiles, and says so), and the question scan's kernels likewise
+        prepare_decode(loaded.model)
+        prepare_scan()
         _loaded[key] = loaded
-    return _loaded[key], time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    return _loaded[key], elapsed - (kernel_build_seconds() - built_before)
+
+
+def kernel_build_seconds() -> float:
+    """Seconds this process has spent compiling msa's C++ kernels (each build happens once per
+    machine, and is reported as a build, never as loading or reading)."""
+    from msa.kernels.cpp_build import build_seconds
+
+    return build_seconds()
 
 
 def _writable_or_none(path: Path) -> Path | None:

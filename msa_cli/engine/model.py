@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from msa.models.attention_settings import AttentionSettings
 
 from .documents import Context, Document, read_context
+from .loading import kernel_build_seconds, set_threads
 from .loading import load as load_model
-from .loading import set_threads
 from .paths import cache_dir as resolve_cache_dir
 from .prefix_cache import CacheOptions, budget_from_env, prefix_dir
 from .session import Session
@@ -26,7 +26,6 @@ def load(
     dtype: str = "auto",
     threads: int | None = None,
     cache_dir: str | os.PathLike | None = None,
-    note: Callable[[str], None] | None = None,
 ) -> Model:
     """Load a model: a registry name (`msa models`), a .gguf file or a model folder.
 
@@ -35,13 +34,16 @@ def load(
     CPU has AMX or AVX-512 BF16), fp32 (exact everywhere) or bf16; `threads`: PyTorch's CPU threads
     (when None: MSA_THREADS, else the cores free of other work, as `msa ask` runs; the count is
     `Model.threads`); `cache_dir`: where converted models, the prefix cache and spilled K/V
-    live (msa's, $XDG_CACHE_HOME/msa, when None);
-    `note(message)`: told of a long wait (the decode step's first build). A model loaded before
-    in this process is not loaded again.
+    live (msa's, $XDG_CACHE_HOME/msa, when None). A model loaded before in this process is not
+    loaded again. The first load on a machine compiles msa's C++ kernels (minutes, said on
+    stderr): `Model.build_s` holds those seconds, `Model.load_s` the rest.
     """
     n_threads = set_threads(threads)
-    loaded, seconds = load_model(name, cache=cache_dir, quant=quant, dtype=dtype, note=note)
-    return Model(loaded, load_s=seconds, cache_dir=cache_dir, threads=n_threads)
+    built_before = kernel_build_seconds()
+    loaded, seconds = load_model(name, cache=cache_dir, quant=quant, dtype=dtype)
+    model = Model(loaded, load_s=seconds, cache_dir=cache_dir, threads=n_threads)
+    model.build_s = kernel_build_seconds() - built_before
+    return model
 
 
 class Model:
@@ -49,6 +51,7 @@ class Model:
 
     def __init__(self, loaded, *, load_s: float = 0.0, cache_dir=None, threads=None):
         self.loaded, self.load_s, self.threads = loaded, load_s, threads
+        self.build_s = 0.0  # seconds spent compiling C++ kernels while loading
         self.cache_dir = resolve_cache_dir(cache_dir)
 
     @property

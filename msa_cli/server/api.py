@@ -141,7 +141,7 @@ def create_app(
                 allow_headers=["Authorization", "Content-Type"],
             )
         )
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
@@ -156,6 +156,8 @@ def create_app(
         },
         lifespan=functools.partial(_worker_running, worker),
     )
+    app.state.worker = worker  # the server tells it to end its answers when it stops
+    return app
 
 
 @contextlib.asynccontextmanager

@@ -50,17 +50,28 @@ def make_app(
 
 
 def uvicorn_server(app):
+    """uvicorn serving `app`; told to stop (Ctrl-C, SIGTERM), it has the app's worker end the
+    answers in progress and waiting with an error at once, so that their responses (a stream's
+    last event) are complete before uvicorn closes their connections (it waits up to 5 s, then
+    cancels what is left)."""
     import uvicorn
 
-    return uvicorn.Server(
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            worker = getattr(app.state, "worker", None)
+            if worker is not None:
+                worker.stop_answers()
+
+    return Server(
         uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     )
 
 
 def serve_until_stopped(app, sock: socket.socket) -> None:
-    """Serve until Ctrl-C or SIGTERM. uvicorn gives answers in progress 5 s to finish, then raises
-    the
-    signal again; Ctrl-C is how a server is meant to stop, so it ends the command without error."""
+    """Serve until Ctrl-C or SIGTERM: answers in progress end with an error event, then uvicorn
+    raises the signal again; Ctrl-C is how a server is meant to stop, so it ends the command
+    without error."""
     try:
         uvicorn_server(app).run(sockets=[sock])
     except KeyboardInterrupt:

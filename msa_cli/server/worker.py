@@ -5,7 +5,8 @@ becomes a `Job`; the thread takes jobs in order, answers each with an engine `Se
 sends its events back to the event loop: "start" (the prompt is read; the answer's `Usage`,
 filled in as it streams), "piece" (text), then "end", or "error". A job whose client has gone
 is cancelled: it leaves the queue at once (its place is free for another request), or the
-thread stops it between two prefill chunks or two tokens.
+thread stops it between two prefill chunks or two tokens. When the server is told to stop
+(Ctrl-C), `stop_answers` ends every job at once with a "server stopping" error.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Worker:
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._work, name="msa-engine", daemon=True)
         self._stopping = False
+        self._current: Job | None = None  # the job the engine's thread is answering
         self.busy = False
 
     @property
@@ -82,8 +84,24 @@ class Worker:
         if self._thread.is_alive():
             self._thread.join()
 
+    def stop_answers(self) -> None:
+        """The server is stopping: every job, the one being answered and the waiting ones, ends
+        now with an error (the engine's thread stops its answer at the next token)."""
+        with self._changed:
+            self._stopping = True
+            jobs = [*self._queue, *([self._current] if self._current else [])]
+            self._queue.clear()
+            for job in jobs:
+                if not job.cancelled:
+                    job.cancelled = True
+                    job.emit("error", ServerStopping("the server is stopping"))
+            self._changed.notify()
+
     def submit(self, job: Job) -> None:
         with self._changed:
+            if self._stopping:
+                job.emit("error", ServerStopping("the server is stopping"))
+                return
             self._drop_cancelled()
             # an idle engine takes the first job at once: it does not count as waiting
             if len(self._queue) >= self.queue_size + (not self.busy):
@@ -106,7 +124,8 @@ class Worker:
                     return None
                 if self._queue:
                     self.busy = True
-                    return self._queue.popleft()
+                    self._current = self._queue.popleft()
+                    return self._current
                 self._changed.wait()
 
     def _work(self) -> None:
@@ -117,7 +136,7 @@ class Worker:
                 job.emit("error", e)
             finally:
                 with self._changed:
-                    self.busy = False
+                    self.busy, self._current = False, None
 
     def _answer(self, job: Job) -> None:
         r = job.request
