@@ -7,18 +7,24 @@ import time
 
 import typer
 
+from .attention_options import (
+    AttentionOption,
+    BlockSizeOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    MassOption,
+    SelectionOption,
+    TopkOption,
+    attention_settings,
+)
 from .errors import reports_errors
 from .help_pages import OUTPUT
 from .options import (
     ApiKeyOption,
-    AttentionOption,
-    BlockSizeOption,
     CacheDirOption,
     CacheRoOption,
     DtypeOption,
     HiddenOption,
-    KvDtypeOption,
-    LocalBlocksOption,
     MaxTokensOption,
     ModelOption,
     NoCacheOption,
@@ -31,10 +37,8 @@ from .options import (
     TemperatureOption,
     ThreadsOption,
     TimeoutOption,
-    TopkOption,
     TopPOption,
     VerboseOption,
-    attention_settings,
     check_precision,
     check_sources,
     check_top_p,
@@ -71,6 +75,8 @@ def ask(
     cache_ro: bool = CacheRoOption,
     attention: str = AttentionOption,
     topk: int = TopkOption,
+    selection: str = SelectionOption,
+    mass: float | None = MassOption,
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
@@ -105,7 +111,9 @@ def ask(
     if not question.strip():  # the model would answer a question of its own invention
         raise typer.BadParameter("the question is empty", param_hint="QUESTION")
     check_top_p(top_p)
-    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    attention_ = attention_settings(
+        attention, topk, block_size, local_blocks, kv_dtype, selection, mass
+    )
     check_precision(quant, dtype)
     check_sources(sources, server)
     document = read_context(paths, hidden=hidden, warn=quiet_or_note(quiet))

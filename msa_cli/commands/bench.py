@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import typer
 
-from .errors import reports_errors
-from .options import (
+from .attention_options import (
     AttentionOption,
     BlockSizeOption,
-    CacheDirOption,
-    DtypeOption,
     KvDtypeOption,
     LocalBlocksOption,
     MassOption,
-    ModelOption,
-    QuantOption,
     SelectionOption,
-    ThreadsOption,
     TopkOption,
     attention_settings,
+)
+from .errors import reports_errors
+from .options import (
+    CacheDirOption,
+    DtypeOption,
+    ModelOption,
+    QuantOption,
+    ThreadsOption,
     check_precision,
     parse_lengths,
 )

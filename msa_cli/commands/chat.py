@@ -13,17 +13,23 @@ from collections.abc import Iterator
 
 import typer
 
+from .attention_options import (
+    AttentionOption,
+    BlockSizeOption,
+    KvDtypeOption,
+    LocalBlocksOption,
+    MassOption,
+    SelectionOption,
+    TopkOption,
+    attention_settings,
+)
 from .errors import reports_errors
 from .options import (
     ApiKeyOption,
-    AttentionOption,
-    BlockSizeOption,
     CacheDirOption,
     CacheRoOption,
     DtypeOption,
     HiddenOption,
-    KvDtypeOption,
-    LocalBlocksOption,
     MaxTokensOption,
     ModelOption,
     NoCacheOption,
@@ -36,10 +42,8 @@ from .options import (
     TemperatureOption,
     ThreadsOption,
     TimeoutOption,
-    TopkOption,
     TopPOption,
     VerboseOption,
-    attention_settings,
     check_precision,
     check_sources,
     check_top_p,
@@ -70,6 +74,8 @@ def chat(
     cache_ro: bool = CacheRoOption,
     attention: str = AttentionOption,
     topk: int = TopkOption,
+    selection: str = SelectionOption,
+    mass: float | None = MassOption,
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
@@ -97,7 +103,9 @@ def chat(
 
     check_verbosity(quiet, verbose)
     check_top_p(top_p)
-    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    attention_ = attention_settings(
+        attention, topk, block_size, local_blocks, kv_dtype, selection, mass
+    )
     check_precision(quant, dtype)
     check_sources(sources, server)
     interactive = sys.stdin is not None and sys.stdin.isatty()

@@ -8,6 +8,9 @@ import sys
 
 import typer
 
+from .attention_options import (
+    TopkOption,
+)
 from .errors import reports_errors
 from .options import (
     CacheDirOption,
@@ -17,7 +20,6 @@ from .options import (
     QuantOption,
     ResultsOption,
     ThreadsOption,
-    TopkOption,
     check_precision,
     parse_lengths,
 )

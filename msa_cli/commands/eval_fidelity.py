@@ -8,18 +8,20 @@ import sys
 
 import typer
 
+from .attention_options import (
+    MassOption,
+    SelectionOption,
+    TopkOption,
+    attention_settings,
+)
 from .errors import reports_errors
 from .options import (
     CacheDirOption,
     DtypeOption,
-    MassOption,
     ModelOption,
     QuantOption,
     ResultsOption,
-    SelectionOption,
     ThreadsOption,
-    TopkOption,
-    attention_settings,
     check_precision,
     parse_lengths,
 )

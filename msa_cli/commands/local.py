@@ -49,6 +49,13 @@ def _model_line(loaded, load_s: float, n_threads: int, attention, built: str = "
         if attention.selection_layer is None
         else f"layers after {attention.selection_layer} share its blocks"
     )
+    selection = (
+        f"top-k {attention.topk}, {shared} (the model's {defaults.source})"
+        if attention.selection == "quest"
+        else "selection by the 4-bit index ("
+        + (f"{attention.top_p:g} of the attention, " if attention.top_p is not None else "")
+        + f"at most {attention.topk} blocks, far blocks at true distances)"
+    )
     mode = attention.mode
     dense_reason = always_dense_reason(loaded.model.model_attention())
     if dense_reason and mode != "dense":
@@ -63,7 +70,7 @@ def _model_line(loaded, load_s: float, n_threads: int, attention, built: str = "
         f"model {loaded.name} ({loaded.source}), {loaded.weights} weights"
         f"{PREFILL_PRODUCTS.get(loaded.prefill_products, '').format(bf16)}, "
         f"loaded in {load_s:.2f} s{built}; {n_threads} thread{'s' * (n_threads != 1)}; "
-        f"attention {mode}, top-k {attention.topk}, {shared} (the model's {defaults.source}), "
+        f"attention {mode}, {selection}, "
         f"block size {block}, "
         f"{attention.local_blocks} local block{'s' if attention.local_blocks != 1 else ''}"
         f"; {attention.kv_dtype} K/V; decode {decode}; "

@@ -7,20 +7,24 @@ import sys
 
 import typer
 
-from .errors import reports_errors
-from .options import (
+from .attention_options import (
     AttentionOption,
     BlockSizeOption,
-    CacheDirOption,
-    DtypeOption,
     KvDtypeOption,
     LocalBlocksOption,
+    MassOption,
+    SelectionOption,
+    TopkOption,
+    attention_settings,
+)
+from .errors import reports_errors
+from .options import (
+    CacheDirOption,
+    DtypeOption,
     ModelOption,
     NoCacheOption,
     QuantOption,
     ThreadsOption,
-    TopkOption,
-    attention_settings,
     check_precision,
 )
 
@@ -89,6 +93,8 @@ def serve(
     no_cache: bool = NoCacheOption,
     attention: str = AttentionOption,
     topk: int = TopkOption,
+    selection: str = SelectionOption,
+    mass: float | None = MassOption,
     block_size: int | None = BlockSizeOption,
     local_blocks: int = LocalBlocksOption,
     kv_dtype: str = KvDtypeOption,
@@ -124,7 +130,9 @@ def serve(
                 param_hint="--allow-origin",
             )
     check_precision(quant, dtype)
-    attention_ = attention_settings(attention, topk, block_size, local_blocks, kv_dtype)
+    attention_ = attention_settings(
+        attention, topk, block_size, local_blocks, kv_dtype, selection, mass
+    )
     sock = listen(host, port)
     set_threads(threads)
     loaded, _ = load(model, cache=cache_dir, quant=quant, dtype=dtype)
