@@ -172,43 +172,28 @@ class FusedDecode:
                 cache.load_tokens(layer, window_start(pos, window), pos)
         if not sparse:
             self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, scales=scales)
-        elif plan.by_index:  # the full blocks before the token's own, indexed
+            cache.advance(1)
+            return x
+        # restored blocks a layer selects are copied in when it selects them
+        reads = dict(
+            absent=cache.absent_blocks,
+            load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
+            scales=scales,
+        )
+        if plan.by_index:  # the full blocks before the token's own, indexed
             indexed = pos - pos % plan.block_size
-            self.step.step(
-                x,
-                cache.k,
-                cache.v,
-                pos,
-                cos,
-                sin,
-                settings,
-                absent=cache.absent_blocks,
-                load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
-                scales=scales,
-                index=cache.index_stores(indexed),
-                index_tokens=indexed,
-                top_p=plan.top_p,
-            )
+            reads |= dict(index=cache.index_stores(indexed), index_tokens=indexed, top_p=plan.top_p)
         else:
             # summaries of the full blocks before the token's own (its block may fill with it),
-            # of the layers that select blocks
+            # of the layers that select blocks, and the answer's rules (msa_decode.py)
             selecting = [layer for layer in range(cache.n_layers) if plan.window(layer) is None]
-            self.step.step(
-                x,
-                cache.k,
-                cache.v,
-                pos,
-                cos,
-                sin,
-                settings,
+            reads |= dict(
                 summaries=cache.content_summaries(pos, selecting),
-                absent=cache.absent_blocks,
-                load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
-                scales=scales,
                 answer_blocks=[cache.answer.blocks(layer, pos) for layer in range(cache.n_layers)],
                 follow_blocks=lambda layer, ids: cache.answer.follow(layer, ids, plan.topk),
                 copy_blocks=lambda layer, ids: cache.answer.copy_from(ids, pos, plan.topk),
                 follow_weight=FOLLOW_PEAK_WEIGHT,
             )
+        self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, **reads)
         cache.advance(1)
         return x
