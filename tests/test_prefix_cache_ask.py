@@ -430,3 +430,24 @@ def test_a_cache_that_cannot_be_written_never_fails_the_ask(run, tmp_path):
         result.stderr == f"msa: cache: cannot write to {cache_dir / 'prefix'} (File exists); "
         "answering without saving\n"
     )
+
+
+def test_the_index_selection_stores_its_index_and_answers_alike_from_the_cache(
+    run, tmp_path, isolated_home
+):
+    """--selection index over a document past the dense prefix: every full block's file holds
+    its index, and the second ask, its blocks restored with it, answers as the first did."""
+    doc = tmp_path / "log.txt"
+    doc.write_text(logbook(160))  # ~3,200 tokens: MSA from token 1,024
+    args = (doc, QUESTION, "--selection", "index", "--mass", "0.9", "--topk", "8", "-n", "12")
+    first = ask_json(run, *args)
+    from safetensors.torch import load_file
+
+    files = sorted((prefix_root(isolated_home) / "blocks").rglob("*.safetensors"))
+    assert first["cached_tokens"] == 0 and files
+    blocks = [load_file(f) for f in files]
+    full = [b for b in blocks if b["k"].shape[2] == 64]
+    assert len(full) >= 40 and all("index_codes" in b for b in full)  # every full block
+    second = ask_json(run, *args)
+    assert second["cached_tokens"] > 0.9 * second["prompt_tokens"]
+    assert second["answer"] == first["answer"]
