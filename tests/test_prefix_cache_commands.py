@@ -68,7 +68,7 @@ def test_cache_commands(run, tmp_path, isolated_home, monkeypatch):
     assert [line.split()[:4] + line.split()[-2:-1] for line in lines[1:]] == [
         [r["id"], f"{r['tokens']}", *format_size(r["bytes"]).split(), r["model"]] for r in rows
     ]
-    # each source whole, or its end after an ellipsis where the 80 columns cannot hold it
+    # each source whole (no terminal: no width), or its end after an ellipsis
     assert all(
         r["source"].endswith(line.split()[-1].removeprefix("…")) for r, line in zip(rows, lines[1:])
     )

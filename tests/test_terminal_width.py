@@ -56,3 +56,11 @@ def test_sources_lines_fit_80_columns(monkeypatch):
     assert len(lines[2]) == 80 and lines[2].endswith("…")
     assert lines[2].startswith("  town/bakery.txt:12-18  0.43  The bakery on Willow Lane was ")
     assert lines[3] == "  a.txt:1  0.20  short"
+
+
+def test_a_source_keeps_its_place_whole_and_cuts_its_excerpt(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    """A path too long for the line is printed whole (the terminal wraps it) without excerpt:
+    its line numbers are what the reader needs."""
+    block = sources_block([Source(LONG_SOURCE, 2, 4, 0.41, "Tomatoes are planted in May.")])
+    assert block.splitlines()[2] == f"  {LONG_SOURCE}:2-4  0.41"

@@ -106,13 +106,12 @@ def ls(
 
 
 def _print_table(rows: list[dict]) -> None:
-    """`cache ls` for people, as wide as the terminal (COLUMNS, else the terminal's, else 80):
+    """`cache ls` for people, as wide as the terminal (`terminal_width`, no limit in a pipe):
     the model and the source share what the other columns leave, each cut at its start to an
     ellipsis rather than wrapped (a file's name and a model's size and quant stay). The model
     and the token count tell apart two entries of one source."""
-    import shutil
-
     from ..engine.prefix_cache import format_size
+    from .output import terminal_width
 
     table = [["ID", "TOKENS", "SIZE", "LAST USED", "MODEL", "SOURCE"]]
     for r in rows:
@@ -125,9 +124,9 @@ def _print_table(rows: list[dict]) -> None:
         table.append([r["id"], tokens, format_size(r["bytes"]), used])
         table[-1] += [visible(r["model"]), visible(r["source"])]
     widths = [max(len(row[i]) for row in table) for i in range(6)]
-    room = shutil.get_terminal_size().columns - sum(widths[:4]) - 2 * 5
+    room = terminal_width() - sum(widths[:4]) - 2 * 5
     widths[4] = min(widths[4], max(room // 2, NARROWEST))
-    widths[5] = max(room - widths[4], NARROWEST)
+    widths[5] = min(widths[5], max(room - widths[4], NARROWEST))
     for row in table:
         cells = [_cut_start(cell, w) for cell, w in zip(row, widths)]
         cells = [

@@ -149,20 +149,33 @@ def write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
+NO_WIDTH_LIMIT = 1 << 20  # the width of a pipe: lines are never cut
+
+
 def sources_block(sources) -> str:
-    """What --sources prints after an answer's line: a blank line, then one line a passage,
-    each cut to the terminal's width (its excerpt ends in an ellipsis rather than wrapping)."""
-    return "\nSources:\n" + "".join(f"{fitted('  ' + visible(s.line()))}\n" for s in sources)
+    """What --sources prints after an answer's line: a blank line, then one line a passage."""
+    return "\nSources:\n" + "".join(f"{source_line(s, indent='  ')}\n" for s in sources)
 
 
-def fitted(line: str) -> str:
-    """`line` cut to the terminal's width (COLUMNS, else the terminal's, else 80 columns) with
-    an ellipsis at its end, counted in the cells it takes on screen."""
+def terminal_width() -> int:
+    """The columns a line for people may take: COLUMNS, else the terminal's width; no limit when
+    stdout is not a terminal (a pipe or a file gets whole lines)."""
     import shutil
 
-    text = Text(line)
-    text.truncate(shutil.get_terminal_size().columns, overflow="ellipsis")
-    return text.plain
+    return shutil.get_terminal_size(fallback=(NO_WIDTH_LIMIT, 24)).columns
+
+
+def source_line(source, *, indent: str = "") -> str:
+    """A passage's place, score and excerpt on one line of `terminal_width()`: the excerpt ends
+    in an ellipsis rather than wrapping; the place is whole, the excerpt left out where the
+    place alone fills the line."""
+    where = f"{indent}{visible(source.where())}"
+    room = terminal_width() - Text(where).cell_len - 2
+    excerpt = Text(visible(source.excerpt()))
+    if room < len("x..."):
+        return where
+    excerpt.truncate(room, overflow="ellipsis")
+    return f"{where}  {excerpt.plain}"
 
 
 def reading_summary(reading: Reading) -> str:

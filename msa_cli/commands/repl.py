@@ -14,7 +14,8 @@ from msa.models.errors import MsaError
 from msa.models.private_files import private_file
 
 from ..engine.documents import Context
-from .output import write_stdout
+from .output import source_line, write_stdout
+from .typed_keys import typed_keys_ignored
 from .visible import visible
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Conversation:
     def sources_lines(self) -> str:
         if not self.turns:
             return "no answer yet"
-        return "\n".join(visible(s.line()) for s in self.turns[-1].sources) or "no sources"
+        return "\n".join(source_line(s) for s in self.turns[-1].sources) or "no sources"
 
     def markdown(self) -> str:
         out = [
@@ -169,8 +170,9 @@ def run_repl(
         if not line:
             continue
         try:
-            if not take_line(session, line):
-                return
+            with typed_keys_ignored():  # keys pressed while it answers stay out of the answer
+                if not take_line(session, line):
+                    return
         except KeyboardInterrupt:
             write_stdout("\n")
             print("(stopped)", file=sys.stderr)

@@ -226,11 +226,11 @@ class Session:
         self.cache.truncate(self.cache.length)
 
     def _restart_tracker(self, baseline_from: int, tail: list[int], question_at: int) -> None:
-        """Sources of the question in `tail`, which follows `seq`: its template tokens from
-        `baseline_from` on are the baseline."""
+        """Sources of the question in `tail`, which follows `seq`, and of its answer: the template
+        tokens from `baseline_from` on are the baseline."""
         if self.tracker is not None and tail:
             n = len(self.seq)
-            self.tracker.restart(baseline_from, n + question_at, n + len(tail) - 1)
+            self.tracker.restart(baseline_from, n + question_at)
 
     def _decode(self, logits, max_tokens: int, usage: Usage) -> Iterator[Event]:
         tok = self.loaded.tokenizer

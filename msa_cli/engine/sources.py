@@ -3,16 +3,19 @@
 The KV cache is kept in blocks of tokens, the unit MSA selects; a source is a block. While
 the question is read, a `SourceTracker` (the forwards' attention observer) takes, at
 every layer, each query's attention over the whole cache, as dense attention computes it
-whatever attention actually ran, and sums it per block of the documents. Raw attention is
-mostly position (the first block, a sink; the most recent blocks): so the tracker subtracts
-what the template's tokens just before the question put on each block, and keeps what the
-question's tokens (through the one that picks the first answer token) put there in excess. A
-block's score is its share of that excess, over layers and heads. The first block, which
-every query reads as a sink, is left out when there are others.
+whatever attention actually ran, and sums it per block of the documents; then, as the answer
+is written, each answer token's the same way. Raw attention is mostly position (the first
+block, a sink; the most recent blocks): so the tracker subtracts what the template's tokens
+just before the question put on each block, and keeps what the question's and the answer's
+tokens put there in excess: what this answer read, for this question. A block's score is its
+share of that excess, over layers and heads. The first block, which
+every query reads as a sink, is left out when there are others. The same excess, token by
+token, splits a block's score between its parts where it spans two files: the part whose
+tokens the question read gets its share, not the part with more characters.
 
-(The answer's own tokens are not counted: with the embedded model their attention favours
-the document's last block whatever it holds, and it pushed the passage that holds the answer
-down in our test.)
+(The question's tokens alone, over a folder of short files, put the same few blocks first
+whatever was asked; the answer's tokens, which copy from the passage they answer from, tell
+them apart: tests/test_sources.py.)
 
 Blocks are token ranges; the prompt's token offsets map them to characters of the document
 and `Context.locate` to files and lines. A block that spans two files, or two pages or
@@ -55,16 +58,24 @@ class Source:
     def line(self) -> str:
         """`path:12-18  0.31  excerpt...` (`path:12-18 (page 3)  ...` in a PDF), one line for a
         terminal."""
+        return f"{self.where()}  {self.excerpt()}"
+
+    def where(self) -> str:
+        """`path:12-18  0.31`: the passage's place and score."""
         lines = (
             f"{self.start_line}"
             if self.start_line == self.end_line
             else f"{self.start_line}-{self.end_line}"
         )
-        where = f" ({self.section})" if self.section else ""
+        section = f" ({self.section})" if self.section else ""
+        return f"{self.path}:{lines}{section}  {self.score:.2f}"
+
+    def excerpt(self) -> str:
+        """The passage's text on one line, its first EXCERPT_CHARS characters."""
         excerpt = " ".join(self.text.split())
         if len(excerpt) > EXCERPT_CHARS:
             excerpt = excerpt[: EXCERPT_CHARS - 3] + "..."
-        return f"{self.path}:{lines}{where}  {self.score:.2f}  {excerpt}"
+        return excerpt
 
 
 class SourceTracker:
@@ -76,16 +87,17 @@ class SourceTracker:
         self.n_blocks = -(-doc_end // self.block_size)
         self.restart(sys.maxsize, sys.maxsize, -1)
 
-    def restart(self, baseline_from: int, question_from: int, until: int) -> None:
-        """Baseline queries at positions [baseline_from, question_from), the question's up to
-        `until`."""
+    def restart(self, baseline_from: int, question_from: int, until: int | None = None) -> None:
+        """Baseline queries at positions [baseline_from, question_from), the question's and its
+        answer's from there on (up to `until`, where given)."""
         self.baseline_from, self.question_from, self.until = baseline_from, question_from, until
         self._sums = {"base": {}, "question": {}}  # layer -> [Hq, n_blocks], summed over queries
+        self._token_sums = {"base": {}, "question": {}}  # layer -> [doc_end], heads summed too
         self._counts = {"base": {}, "question": {}}
 
     def __call__(self, cache, layer: int, q: torch.Tensor, q_start: int) -> None:
         lo = max(self.baseline_from - q_start, 0)  # q: [Hq, T, D]
-        hi = min(self.until + 1 - q_start, q.shape[1])
+        hi = q.shape[1] if self.until is None else min(self.until + 1 - q_start, q.shape[1])
         if lo >= hi:
             return
         keys, _ = cache.fetch(layer, 0, q_start + hi)
@@ -96,10 +108,13 @@ class SourceTracker:
             pos = q_start + t
             qt = q[:, t].float().view(hkv, -1, d)  # [Hkv, G, D]
             att = torch.softmax((qt @ keys[:, : pos + 1].mT) * d**-0.5, dim=-1)  # [Hkv, G, pos+1]
-            mass = torch.nn.functional.pad(att[..., : self.doc_end], (0, pad))
+            tokens = att[..., : self.doc_end]
+            mass = torch.nn.functional.pad(tokens, (0, pad))
             mass = mass.reshape(-1, self.n_blocks, self.block_size).sum(-1)  # [Hq, n_blocks]
             kind = "base" if pos < self.question_from else "question"
             self._sums[kind][layer] = self._sums[kind].get(layer, 0) + mass
+            by_token = tokens.sum((0, 1))  # [doc_end]
+            self._token_sums[kind][layer] = self._token_sums[kind].get(layer, 0) + by_token
             self._counts[kind][layer] = self._counts[kind].get(layer, 0) + 1
 
     def weights(self) -> torch.Tensor:
@@ -116,8 +131,18 @@ class SourceTracker:
         w[:first_doc_block] = 0
         return w
 
+    def token_weights(self) -> torch.Tensor:
+        """Excess attention per token of the documents: [doc_end]."""
+        w = torch.zeros(self.doc_end)
+        for layer, total in self._token_sums["question"].items():
+            mean = total / self._counts["question"][layer]
+            if layer in self._token_sums["base"]:
+                mean = mean - self._token_sums["base"][layer] / self._counts["base"][layer]
+            w += mean.clamp_min(0)
+        return w
+
     def sources(self, prompt: Prompt, context: Context, *, limit: int = 5) -> list[Source]:
-        weights = self.weights()
+        weights, by_token = self.weights(), self.token_weights()
         total = float(weights.sum())
         if total == 0:
             return []
@@ -125,14 +150,22 @@ class SourceTracker:
         for block in torch.argsort(weights, descending=True, stable=True).tolist()[:limit]:
             share = float(weights[block]) / total
             if share > 0:
-                found += _block_sources(block, share, self.block_size, prompt, context)
+                found += _block_sources(block, share, self.block_size, prompt, context, by_token)
         found.sort(key=lambda s: -s.score)
         return found[:limit]
 
 
 def _block_sources(
-    block: int, score: float, block_size: int, prompt: Prompt, context: Context
+    block: int,
+    score: float,
+    block_size: int,
+    prompt: Prompt,
+    context: Context,
+    by_token: torch.Tensor | None = None,
 ) -> list[Source]:
+    """The parts of `block` (one a file, page or chapter it spans) with their shares of its
+    `score`: by the excess attention on each part's tokens (`by_token`, [doc_end]), else by
+    characters."""
     head = len(prompt.head)
     first = max(block * block_size, head) - head  # document token indices
     last = min((block + 1) * block_size, head + len(prompt.document)) - head
@@ -150,15 +183,23 @@ def _block_sources(
                 spans.append(
                     (f, lo + len(text) - len(text.lstrip()), hi - (len(text) - len(text.rstrip())))
                 )
-    chars = sum(hi - lo for _, lo, hi in spans)
+    shares = [hi - lo for _, lo, hi in spans]
+    if by_token is not None and len(spans) > 1:
+        read = [0.0] * len(spans)
+        for i in range(first, last):
+            at = prompt.document_offsets[i][0]
+            part = next((k for k, (_, lo, hi) in enumerate(spans) if at < hi), len(spans) - 1)
+            read[part] += float(by_token[head + i])
+        shares = read if sum(read) > 0 else shares
+    total = sum(shares)
     return [
         Source(
             f.path,
             f.line_at(context.text, lo),
             f.line_at(context.text, hi - 1),
-            score * (hi - lo) / chars,
+            score * share / total,
             context.text[lo:hi],
             f.section_at(lo),
         )
-        for f, lo, hi in spans
+        for (f, lo, hi), share in zip(spans, shares)
     ]
