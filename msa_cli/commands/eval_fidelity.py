@@ -78,7 +78,7 @@ def eval_fidelity(
     from ..engine.evals.results import ResultsFile, item_id
     from ..engine.loading import set_threads
     from ..engine.model import load as load_model
-    from .output import note, print_rows
+    from .output import print_rows
 
     check_precision(quant, dtype)
     sizes = parse_lengths(lengths)
@@ -91,8 +91,7 @@ def eval_fidelity(
     prose = read_prose(haystack) if haystack else shipped_prose()
     store = ResultsFile(results)
     set_threads(threads)
-    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir,
-                        note=note)  # fmt: skip
+    engine = load_model(model, quant=quant, dtype=dtype, threads=threads, cache_dir=cache_dir)
     learned = None
     if any(c.bits == fidelity_mass.LEARNED for c in chosen):
         from ..engine.index_calibration import load_index, model_index_path
