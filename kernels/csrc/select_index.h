@@ -20,20 +20,22 @@
 
 namespace block_index {
 
-// One head's logits row [n] pooled per block of bs: each block's largest logit, and its sum of
-// exp(logit - top) with top the row's largest; returns (top, the row's sum).
-inline std::pair<float, float> pool_row_portable(const float* row, int64_t n, int64_t bs, float* block_max,
-                                                 float* block_sum) {
+// One head's row [n] of logits before their scale (> 0) pooled per block of bs: each block's
+// largest scaled logit, and its sum of exp(scaled logit - top) with top the row's largest scaled
+// logit; returns (top, the row's sum).
+inline std::pair<float, float> pool_row_portable(const float* row, int64_t n, int64_t bs, float scale,
+                                                 float* block_max, float* block_sum) {
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < n; ++t) top = std::max(top, row[t]);
+  top *= scale;
   float total = 0.f;
   for (int64_t b0 = 0; b0 < n; b0 += bs) {
     float m = -std::numeric_limits<float>::infinity(), sum = 0.f;
     for (int64_t t = b0; t < std::min(n, b0 + bs); ++t) {
       m = std::max(m, row[t]);
-      sum += std::exp(row[t] - top);
+      sum += std::exp(row[t] * scale - top);
     }
-    block_max[b0 / bs] = m;
+    block_max[b0 / bs] = m * scale;
     block_sum[b0 / bs] = sum;
     total += sum;
   }
@@ -46,16 +48,17 @@ inline std::pair<float, float> pool_row_portable(const float* row, int64_t n, in
 #include "avx512_exp2.h"
 // pool_row_portable on sixteen lanes (blocks of a multiple of 16 tokens), the exponentials by
 // avx512_exp2.h's polynomial.
-inline std::pair<float, float> pool_row_avx512(const float* row, int64_t n, int64_t bs, float* block_max,
-                                               float* block_sum) {
+inline std::pair<float, float> pool_row_avx512(const float* row, int64_t n, int64_t bs, float scale,
+                                               float* block_max, float* block_sum) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 top_v = neg_inf;
   for (int64_t t = 0; t < n; t += 16) {
     const __mmask16 m = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
     top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, row + t));
   }
-  const float top = _mm512_reduce_max_ps(top_v);
-  const __m512 shift = _mm512_set1_ps(top), log2e = _mm512_set1_ps(1.44269504089f);
+  const float top = _mm512_reduce_max_ps(top_v) * scale;
+  // exp(x * scale - top) = 2^((x * scale - top) * log2(e))
+  const __m512 mul = _mm512_set1_ps(scale * 1.44269504089f), shift = _mm512_set1_ps(top * 1.44269504089f);
   float total = 0.f;
   for (int64_t b0 = 0; b0 < n; b0 += bs) {
     __m512 m_v = neg_inf, sum_v = _mm512_setzero_ps();
@@ -63,10 +66,10 @@ inline std::pair<float, float> pool_row_avx512(const float* row, int64_t n, int6
       const __mmask16 m = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
       const __m512 x = _mm512_maskz_loadu_ps(m, row + t);
       m_v = _mm512_mask_max_ps(m_v, m, m_v, x);
-      const __m512 e = exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(x, shift), log2e));
+      const __m512 e = exp2_nonpositive(_mm512_min_ps(_mm512_fmsub_ps(x, mul, shift), _mm512_setzero_ps()));
       sum_v = _mm512_mask_add_ps(sum_v, m, sum_v, e);
     }
-    block_max[b0 / bs] = _mm512_reduce_max_ps(m_v);
+    block_max[b0 / bs] = _mm512_reduce_max_ps(m_v) * scale;
     block_sum[b0 / bs] = _mm512_reduce_add_ps(sum_v);
     total += block_sum[b0 / bs];
   }
@@ -75,11 +78,12 @@ inline std::pair<float, float> pool_row_avx512(const float* row, int64_t n, int6
 #pragma GCC pop_options
 #endif
 
-inline std::pair<float, float> pool_row(const float* row, int64_t n, int64_t bs, float* block_max, float* block_sum) {
+inline std::pair<float, float> pool_row(const float* row, int64_t n, int64_t bs, float scale, float* block_max,
+                                        float* block_sum) {
 #ifdef MSA_INDEX_VNNI
-  if (bs % 16 == 0) return pool_row_avx512(row, n, bs, block_max, block_sum);
+  if (bs % 16 == 0) return pool_row_avx512(row, n, bs, scale, block_max, block_sum);
 #endif
-  return pool_row_portable(row, n, bs, block_max, block_sum);
+  return pool_row_portable(row, n, bs, scale, block_max, block_sum);
 }
 
 struct Budget {
@@ -116,18 +120,18 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
     }
   // per head and block: the largest log-probability of a token there, and the block's share
   std::vector<float> head_max(static_cast<size_t>(n_heads * n_blocks)), head_mass(head_max.size());
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* row = logits.data() + h * n;
-    for (int64_t t = 0; t < n; ++t) row[t] *= scale;
-    float* bmax = head_max.data() + h * n_blocks;
-    float* bsum = head_mass.data() + h * n_blocks;
-    const auto [top, total] = pool_row(row, n, bs, bmax, bsum);
-    const float lse = top + std::log(total);
-    for (int64_t blk = 0; blk < n_blocks; ++blk) {
-      bmax[blk] -= lse;
-      bsum[blk] /= total;
+  at::parallel_for(0, n_heads, 1, [&](int64_t first, int64_t last) {
+    for (int64_t h = first; h < last; ++h) {
+      float* bmax = head_max.data() + h * n_blocks;
+      float* bsum = head_mass.data() + h * n_blocks;
+      const auto [top, total] = pool_row(logits.data() + h * n, n, bs, scale, bmax, bsum);
+      const float lse = top + std::log(total);
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        bmax[blk] -= lse;
+        bsum[blk] /= total;
+      }
     }
-  }
+  });
   std::vector<char> read(static_cast<size_t>(n_blocks), 0);
   for (int64_t blk = 0; blk < sink_end; ++blk) read[blk] = 1;
   for (int64_t blk = window_first; blk <= own; ++blk) read[blk] = 1;
