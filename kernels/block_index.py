@@ -80,7 +80,7 @@ def pack_index(keys: torch.Tensor, block_size: int):
     of D / 2 bytes, laid out for a vector of tokens (`_to_lanes`): by groups of 8 channels, each
     group's B tokens one after another, 4 bytes a token, byte k holding channel 8c + k in its low
     nibble and 8c + 4 + k in its high one (code + 8, in 1..15). Per token and KV head: D / 2 + 2
-    bytes, and 2 D / B bytes of its block's mean: 74 bytes against K/V's 512 at D 128 in fp16."""
+    bytes, and 2 D / B bytes of its block's mean: 70 bytes against K/V's 512 at D 128 in fp16."""
     hkv, n, d = keys.shape
     blocks = keys.float().view(hkv, n // block_size, block_size, d)
     means = blocks.mean(dim=2).half()

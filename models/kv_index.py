@@ -3,12 +3,12 @@
 (index_selection.py).
 
 Per layer and KV head, each token's key as 4-bit codes of its residual from its block's mean
-(D / 2 bytes), one fp16 scale per token and one fp16 mean per block: 74 bytes a token and head
-at D 128, 14% of the fp16 keys and values (`bytes_per_token`). A layer's index is made from the
-stored keys the first time a selection asks for a block of it (`stored_index`), never for the last,
-partial block (every query reads its own block whole), and travels with the block into the prefix
-cache (`index_of_block`, `put_index`), so a restored document is selected over without reading
-its keys.
+(D / 2 bytes), one fp16 scale per token and one fp16 mean per block: 70 bytes a token and head
+at D 128, 14% of the fp16 keys and values (`index_bytes_per_token`). A layer's index is made
+from the stored keys the first time a selection asks for a block of it (`stored_index`), never
+for the last, partial block (every query reads its own block whole), and travels with the block
+into the prefix cache (`index_of_block`, `put_index`), so a restored document is selected over
+without reading its keys.
 """
 
 from __future__ import annotations
