@@ -180,13 +180,15 @@ class FusedDecode:
             load_blocks=lambda layer, ids: cache.load_blocks(layer, torch.tensor(ids)),
             scales=scales,
         )
+        # the layers that select blocks (a local layer reads its window)
+        selecting = [layer for layer in range(cache.n_layers) if plan.window(layer) is None]
         if plan.by_index:  # the full blocks before the token's own, indexed
             indexed = pos - pos % plan.block_size
-            reads |= dict(index=cache.index_stores(indexed), index_tokens=indexed, top_p=plan.top_p)
+            index = cache.index_stores(indexed, selecting)
+            reads |= dict(index=index, index_tokens=indexed, top_p=plan.top_p)
         else:
             # summaries of the full blocks before the token's own (its block may fill with it),
-            # of the layers that select blocks, and the answer's rules (msa_decode.py)
-            selecting = [layer for layer in range(cache.n_layers) if plan.window(layer) is None]
+            # and the answer's rules (msa_decode.py)
             reads |= dict(
                 summaries=cache.content_summaries(pos, selecting),
                 answer_blocks=[cache.answer.blocks(layer, pos) for layer in range(cache.n_layers)],

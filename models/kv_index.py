@@ -51,15 +51,15 @@ class StoredIndex:
         end = n_full * self.block_size
         return codes[:, :end], scales[:, :end], means[:, :n_full]
 
-    def index_stores(self, n_tokens: int) -> list[torch.Tensor]:
-        """Every layer's whole index stores (codes, scales, means; empty where a layer has none),
-        the full blocks among the first `n_tokens` indexed in each: what the fused decode step
-        reads."""
+    def index_stores(self, n_tokens: int, layers) -> list[torch.Tensor]:
+        """Every layer's whole index stores (codes, scales, means), the full blocks among the first
+        `n_tokens` indexed in `layers` (the others' empty): what the fused decode step reads."""
         stores = []
         for layer in range(self.n_layers):
-            if n_tokens >= self.block_size:
+            if layer in layers and n_tokens >= self.block_size:
                 self.stored_index(layer, n_tokens)
-            stores += self._index[layer] or self._empty_index()
+            held = self._index[layer] if layer in layers else None
+            stores += held or self._empty_index()
         return stores
 
     def index_of_block(self, index: int) -> dict[str, torch.Tensor]:
