@@ -25,7 +25,7 @@ from .architectures import config_class
 from .checkpoint import Checkpoint
 from .disk_space import check_free_space
 from .errors import DiskError, ModelError, disk_error
-from .private_files import private_dir
+from .private_files import FILE_MODE, private_dir, tighten
 from .quantize import DEFAULT_GROUP_SIZE, load_quantized, save_quantized
 from .tokenizer import ChatTemplate, TextTokenizer
 
@@ -79,6 +79,8 @@ def write_quantized_copy(
             "eos_ids": list(ckpt.tokenizer.eos_ids),
         }
         (work / "meta.json").write_text(json.dumps(meta))
+        for written in work.iterdir():  # 0600 whatever the umask, as every file of msa's
+            tighten(written, FILE_MODE)
         old = None
         if final.exists():
             old = root / f".{final.name}.old.{os.getpid()}"

@@ -206,6 +206,13 @@ def test_a_quantized_copy_keeps_biases_and_rope_scaling(tmp_path):
     randomize(hf_model, seed=5)
     folder = save_hf_dir(hf_model, tmp_path / "qwen2")
     write_quantized(str(folder), "int4", quantized_root=tmp_path / "quantized")
+    written = list((tmp_path / "quantized").rglob("*"))
+    loose = {  # folders 0700 and files 0600, whatever the umask
+        str(p): oct(p.stat().st_mode & 0o777)
+        for p in written
+        if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600)
+    }
+    assert written and loose == {}
     copy_ = load_model("qwen2-int4", quantized_root=tmp_path / "quantized")
     on_load = load_model(str(folder), quant="int4")
     assert copy_.config.rope_scaling == on_load.config.rope_scaling
