@@ -130,7 +130,7 @@ def test_gguf_metadata_of_the_wrong_type_or_range(good_gguf, tmp_path, monkeypat
     else:
         fields[key] = value
     odd = dataclasses.replace(header, fields=fields)
-    monkeypatch.setattr(gguf_loader, "read_header", lambda _: odd)
+    monkeypatch.setattr(gguf_loader, "read_model_header", lambda _: odd)
     with tempfile.TemporaryDirectory() as converted:
         loads_or_model_error(str(path), converted_root=Path(converted))
 

@@ -116,7 +116,7 @@ def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
     names = ["int8.safetensors", "meta.json", "tokenizer.json"]
     assert sorted(p.name for p in kept.iterdir()) == names
     assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1  # the head's rows, 1 byte each
-    monkeypatch.setattr(loader, "read_header", lambda *a: pytest.fail("parsed the GGUF again"))
+    monkeypatch.setattr(loader, "read_model_header", lambda *a: pytest.fail("parsed it again"))
     monkeypatch.setattr(blocks, "quantize_int8", lambda *a: pytest.fail("rounded again"))
     second = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
     assert second.digest == first.digest and torch.equal(logits(first), logits(second))
