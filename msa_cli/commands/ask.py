@@ -145,6 +145,7 @@ def ask(
         seed=seed,
         system=system,
         sources=sources,
+        note=quiet_or_note(quiet or json_out),
     )
     _answer(session, question, loaded.load_s, started_at, json_out, quiet, verbose)
 

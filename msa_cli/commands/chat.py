@@ -136,6 +136,7 @@ def chat(
             seed=seed,
             system=system,
             sources=True,
+            note=quiet_or_note(quiet),
         )
         session = LocalChat(
             engine_session,
