@@ -88,7 +88,7 @@ def main() -> None:
             rows.append({"shape": name, "tokens": n, "layers": shape[3], "ms": ms})
     d = {name: SHAPES[name][2] for name in args.shapes.split(",")}
     for name, dim in d.items():
-        index_bytes = dim // 2 + 2 + 2 * dim / BLOCK
+        index_bytes = block_index.index_bytes(dim, BLOCK)
         print(f"{name}: {index_bytes:.0f} bytes a token and KV head, K/V fp16 {4 * dim}")
     if args.json:
         args.json.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}))

@@ -92,6 +92,12 @@ def pack_index(keys: torch.Tensor, block_size: int):
     return _to_lanes(packed).reshape(hkv, n, d // 2), scales.view(hkv, n), means
 
 
+def index_bytes(head_dim: int, block_size: int) -> float:
+    """What `pack_index` stores per token and KV head: D / 2 bytes of codes, an fp16 scale, and
+    its share of the block's fp16 mean."""
+    return head_dim // 2 + 2 + 2 * head_dim / block_size
+
+
 def unpack_index(codes: torch.Tensor, scales: torch.Tensor, means: torch.Tensor, block_size: int):
     """fp32 keys [Hkv, n, D] from `pack_index`'s codes, scales and means."""
     rounded = signed_codes(codes, block_size).float() * scales.float()[..., None]
@@ -111,18 +117,28 @@ def _to_lanes(packed: torch.Tensor) -> torch.Tensor:
     return packed.transpose(2, 3).contiguous()
 
 
+def grouped_logits(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q [Hq, T, D] . keys [Hkv, n, D] for every query head against its KV head's keys (GQA:
+    query head h reads KV head h // G): [Hq, T, n] in fp32."""
+    hq, t, d = q.shape
+    hkv = keys.shape[0]
+    return (q.float().reshape(hkv, hq // hkv * t, d) @ keys.float().mT).view(hq, t, -1)
+
+
+def causal_log_softmax(logits: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """log softmax of logits [..., T, n] over the keys at positions <= each query's q_pos [T]
+    (-inf past it)."""
+    n = logits.shape[-1]
+    future = torch.arange(n, device=logits.device)[None, :] > q_pos.to(logits.device)[:, None]
+    return torch.log_softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+
+
 def token_log_probs(
     q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """log softmax of q [Hq, T, D] against keys [Hkv, n, D] (GQA: query head h reads KV head
-    h // G), each query over the keys at positions <= its own q_pos [T]: [Hq, T, n] in fp32,
-    -inf past the query."""
-    hq, t, d = q.shape
-    hkv, n, _ = keys.shape
-    logits = (q.float().reshape(hkv, hq // hkv * t, d) @ keys.float().mT).view(hq, t, n) * scale
-    future = torch.arange(n, device=q.device)[None, :] > q_pos.to(q.device)[:, None]  # [T, n]
-    logits.masked_fill_(future, float("-inf"))
-    return torch.log_softmax(logits, dim=-1)
+    """log softmax of q [Hq, T, D] against keys [Hkv, n, D] (GQA), each query over the keys at
+    positions <= its own q_pos [T]: [Hq, T, n] in fp32, -inf past the query."""
+    return causal_log_softmax(grouped_logits(q, keys) * scale, q_pos)
 
 
 def learned_log_probs(
@@ -140,9 +156,7 @@ def learned_log_probs(
     _, t, d = q.shape
     q_idx = torch.einsum("ghtd,ghde->gte", q.float().view(hkv, group, t, d), q_proj)
     k_idx = keys.float() @ k_proj  # [Hkv, n, d]
-    logits = q_idx @ k_idx.mT  # [Hkv, T, n]
-    future = torch.arange(keys.shape[1], device=q.device)[None, :] > q_pos.to(q.device)[:, None]
-    return torch.log_softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+    return causal_log_softmax(q_idx @ k_idx.mT, q_pos)  # [Hkv, T, n]
 
 
 def _by_block(x: torch.Tensor, block_size: int, fill: float) -> torch.Tensor:

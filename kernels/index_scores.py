@@ -46,5 +46,4 @@ def index_logits_reference(q: torch.Tensor, codes, scales, means, block_size: in
     dots = (qi @ signed.mT).view(hq, t, n).float()  # exact: |sum| < 2**24
     scale = scales.float().repeat_interleave(hq // hkv, dim=0)[:, None]  # [Hq, 1, n]
     mean = means.float().repeat_interleave(block_size, dim=1)  # [Hkv, n, D]
-    at_mean = (q.view(hkv, hq // hkv * t, d) @ mean.mT).view(hq, t, n)
-    return step * scale * dots + at_mean
+    return step * scale * dots + block_index.grouped_logits(q, mean)

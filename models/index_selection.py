@@ -35,16 +35,12 @@ def index_log_probs(q: torch.Tensor, q_pos: torch.Tensor, ctx: ForwardContext, l
     own as the cache's stored 4-bit index holds them (kv_index.py, scored by
     kernels/index_scores.py), the rest as stored (every query reads its own block whole)."""
     cache, end = ctx.cache, int(q_pos[-1]) + 1
-    codes, scales, means = cache.stored_index(layer, end - 1 - (end - 1) % cache.block_size)
-    indexed = codes.shape[1]
-    tail = cache.fetch(layer, indexed, end)[0].float()  # [Hkv, end - indexed, D]
-    hq, t, d = q.shape
-    hkv = tail.shape[0]
-    tail_logits = (q.float().reshape(hkv, hq // hkv * t, d) @ tail.mT).view(hq, t, -1)
+    own_block_start = (end - 1) // cache.block_size * cache.block_size
+    codes, scales, means = cache.stored_index(layer, own_block_start)
+    tail = cache.fetch(layer, codes.shape[1], end)[0]  # [Hkv, end - indexed, D]
     logits = torch.cat([index_scores.index_logits(q, codes, scales, means, cache.block_size),
-                        tail_logits], dim=-1) * d**-0.5  # fmt: skip
-    future = torch.arange(end)[None, :] > q_pos[:, None]  # [T, end]
-    return torch.log_softmax(logits.masked_fill_(future, float("-inf")), dim=-1)
+                        block_index.grouped_logits(q, tail)], dim=-1)  # fmt: skip
+    return block_index.causal_log_softmax(logits * q.shape[-1] ** -0.5, q_pos)
 
 
 def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:

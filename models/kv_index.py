@@ -32,7 +32,7 @@ class StoredIndex:
 
     def index_bytes_per_token(self) -> int:
         """What the index of one token costs, over every layer and KV head."""
-        per_head = self.head_dim // 2 + 2 + 2 * self.head_dim / self.block_size
+        per_head = block_index.index_bytes(self.head_dim, self.block_size)
         return int(per_head * self.n_layers * self.n_kv_heads)
 
     def stored_index(self, layer: int, n_tokens: int) -> tuple[torch.Tensor, ...]:
