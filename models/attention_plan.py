@@ -73,6 +73,11 @@ class AttentionPlan:
     # how the question's chunks and the answer's steps choose blocks (AttentionSettings)
     selection: str = "quest"
     top_p: float | None = None
+    index_topk: int | None = None  # the index's top-k, or its mass budget's cap (None: topk)
+
+    def __post_init__(self):
+        if self.index_topk is None:
+            object.__setattr__(self, "index_topk", self.topk)
 
     @classmethod
     def of(
@@ -96,6 +101,7 @@ class AttentionPlan:
             dense_reason=dense_reason,
             selection=settings.selection,
             top_p=settings.top_p,
+            index_topk=settings.index_topk,
         )
 
     @property

@@ -48,10 +48,10 @@ class AttentionSettings:
     made (attention_plan.resolve_settings).
 
     `selection`: how a question's chunks and the answer's decode steps choose blocks (SELECTIONS);
-    with "index", `top_p` (None: a fixed top-k) reads, of the blocks ranked, the fewest whose
-    share of the KV group's attention reaches it with the sink's and the local window's, at most
-    `topk`. A document's chunks always select by Quest's bound, so neither is in the cache
-    identity.
+    with "index", they read `index_topk` blocks (None: `topk`), or with `top_p` the fewest of the
+    ranked blocks whose share of the KV group's attention reaches it with the sink's and the
+    local window's, at most `index_topk`. A document's chunks always select by Quest's bound
+    with `topk`, so none of the three is in the cache identity.
 
     `kv_dtype`: how keys and values are stored, in memory, in spill files and in the prefix
     cache: "fp16" (the default, as llama.cpp's cache), "bf16" or "fp32", each row rounded once
@@ -72,6 +72,7 @@ class AttentionSettings:
     kv_dtype: str = DEFAULT_KV_DTYPE
     selection: str = "quest"
     top_p: float | None = None
+    index_topk: int | None = None
 
     def __post_init__(self):
         # frozen: the alias is resolved in place, so the identity never says "auto"
@@ -96,7 +97,7 @@ class AttentionSettings:
                 f"the selection layer must be a layer index (0 or more), None or {MODEL!r}"
             )
         if (
-            (self.topk is not None and self.topk < 1)
+            any(k is not None and k < 1 for k in (self.topk, self.index_topk))
             or self.local_blocks < 1
             or self.sink_blocks < 0
         ):
@@ -110,7 +111,7 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
-        for question_only in ("selection_layer", "selection", "top_p"):  # see above
+        for question_only in ("selection_layer", "selection", "top_p", "index_topk"):  # see above
             d.pop(question_only)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}

@@ -110,7 +110,7 @@ def step_settings(plan: AttentionPlan) -> kernel.StepSettings:
         sparse_from=kernel.never(plan.sparse_from),
         bounded_from=kernel.never(plan.bounded_from),
         block_size=plan.block_size,
-        topk=plan.topk,
+        topk=plan.index_topk if plan.by_index else plan.topk,
         local_blocks=plan.local_blocks,
         sink_blocks=plan.sink_blocks,
         selection_layer=plan.selection_layer,

@@ -85,6 +85,8 @@ SETTINGS = [
     AttentionSettings(
         mode="msa", topk=4, bounded_from=None, selection="index", top_p=0.6, kv_dtype="fp32"
     ),
+    # far blocks read back to back from position 170 on, and scored as read there
+    AttentionSettings(mode="msa", topk=2, bounded_from=170, selection="index", kv_dtype="fp32"),
 ]
 
 
@@ -103,7 +105,15 @@ def count_kernel_steps(monkeypatch) -> list[int]:
 @pytest.mark.parametrize(
     "settings",
     SETTINGS,
-    ids=["dense", "auto", "msa-per-layer", "msa-true-distance", "index", "index-mass"],
+    ids=[
+        "dense",
+        "auto",
+        "msa-per-layer",
+        "msa-true-distance",
+        "index",
+        "index-mass",
+        "index-bounded",
+    ],
 )
 def test_fused_steps_match_the_per_op_path(model, settings, monkeypatch, request):
     runs = count_kernel_steps(monkeypatch)

@@ -208,3 +208,43 @@ def test_the_cpu_index_scorer_matches_its_definition(d, block):
     assert float((got - exact).abs().max()) <= 0.02 * float(exact.abs().max())
     want = index_scores.index_logits_reference(q, codes, scales, means, block)
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("d,block", [(16, 8), (64, 16)])  # blocks of 8: no VNNI
+def test_moved_blocks_are_scored_as_read_next_to_the_window(d, block):
+    """A bounded query's blocks before `moved_before` score as the same keys would score
+    rotated forward to the block next to its window (RoPE's rotate-half, written here with
+    complex numbers), within the int8 query's rounding; the kernel matches its definition."""
+    from msa.kernels import index_scores
+
+    g = torch.Generator().manual_seed(7 * d)
+    n_blocks, half = 6, d // 2
+    keys = (torch.randn(2, n_blocks * block, d, generator=g) * 2 + 1).half()
+    codes, scales, means = bi.pack_index(keys, block)
+    unpacked = bi.unpack_index(codes, scales, means, block).double()  # [Hkv, n, D]
+    q = torch.randn(4, 3, d, generator=g)
+    inv_freq = 1.0 / 500.0 ** (torch.arange(half, dtype=torch.float64) / half)
+    moved = torch.tensor([0, 4, 6])
+    got = index_scores.index_logits(q, codes, scales, means, block, moved, inv_freq)
+    assert index_scores._EXTENSION.load() is not None, index_scores._EXTENSION.error
+
+    def turned(x, shift):  # x [..., D] rotated forward by `shift` positions
+        z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(
+            torch.ones(half, dtype=torch.float64), shift * inv_freq
+        )
+        return torch.cat([z.real, z.imag], -1)
+
+    for t, m in enumerate(moved.tolist()):
+        for h in range(4):
+            k = unpacked[h // 2].clone()
+            for b in range(m):  # block b read at block m - 1
+                span = slice(b * block, (b + 1) * block)
+                k[span] = turned(k[span], (m - 1 - b) * block)
+            exact = (k @ q[h, t].double()).float()
+            assert float((got[h, t] - exact).abs().max()) <= 0.02 * float(exact.abs().max())
+    unmoved = index_scores.index_logits(q, codes, scales, means, block)
+    assert torch.equal(got[:, 0], unmoved[:, 0])
+    assert torch.equal(got[:, 1, 4 * block :], unmoved[:, 1, 4 * block :])  # from block m on
+    assert not torch.allclose(got[:, 1, : 3 * block], unmoved[:, 1, : 3 * block], atol=1e-2)
+    want = index_scores.index_logits_reference(q, codes, scales, means, block, moved, inv_freq)
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())

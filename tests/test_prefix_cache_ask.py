@@ -451,3 +451,7 @@ def test_the_index_selection_stores_its_index_and_answers_alike_from_the_cache(
     second = ask_json(run, *args)
     assert second["cached_tokens"] > 0.9 * second["prompt_tokens"]
     assert second["answer"] == first["answer"]
+    # the index's budget is the question's and the answer's alone: the document's blocks serve
+    # another --topk
+    third = ask_json(run, doc, QUESTION, "--selection", "index", "--topk", "16", "-n", "12")
+    assert third["cached_tokens"] > 0.9 * third["prompt_tokens"]

@@ -716,6 +716,13 @@ class DecoderStack {
       shared.blocks.assign(shared_in.begin() + 1, shared_in.end());
       have_shared = true;
     }
+    // a token that reads its far blocks at a bounded distance has the index score them as read
+    // there (select_index.h): RoPE's rotations by whole blocks up to its local window, once a step
+    const bool moves = by_index && sparse && pos >= s.bounded_from;
+    const block_index::BlockRotations far_rotations =
+        moves ? block_index::BlockRotations(inv_freq_.data_ptr<double>(), d_ / 2, s.block_size,
+                                            std::max<int64_t>(0, pos / s.block_size - s.local_blocks + 1))
+              : block_index::BlockRotations();
     for (size_t li = static_cast<size_t>(first_layer); li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
       const int64_t window = windows.empty() ? 0 : windows[li];
@@ -771,7 +778,8 @@ class DecoderStack {
         const int64_t layer = static_cast<int64_t>(li);
         std::vector<Selection> sel;
         if (by_index) {
-          sel.assign(static_cast<size_t>(n_kv_heads_), index_selection(q, li, ks, index, index_tokens, pos, s, top_p));
+          sel.assign(static_cast<size_t>(n_kv_heads_), index_selection(q, li, ks, index, index_tokens, pos, s, top_p,
+                                                                      moves ? &far_rotations : nullptr));
         } else if (s.selection_layer >= 0 && layer > s.selection_layer && have_shared) {
           sel.assign(static_cast<size_t>(n_kv_heads_), shared);
         } else {
@@ -841,7 +849,8 @@ class DecoderStack {
   // The blocks the token reads in layer li by the stored index (select_index.h), its query heads
   // q [Hq, D] at their true position.
   Selection index_selection(const float* q, size_t li, const at::Tensor& ks, const std::vector<at::Tensor>& index,
-                            int64_t index_tokens, int64_t pos, const Settings& s, double top_p) const {
+                            int64_t index_tokens, int64_t pos, const Settings& s, double top_p,
+                            const block_index::BlockRotations* rotations) const {
     const at::Tensor& codes = index[3 * li];
     const at::Tensor& scales = index[3 * li + 1];
     const at::Tensor& means = index[3 * li + 2];
@@ -862,15 +871,15 @@ class DecoderStack {
     switch (ks.scalar_type()) {
       case at::kHalf:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<at::Half>(), cap,
-                                              pos, budget);
+                                              pos, budget, rotations);
         break;
       case at::kBFloat16:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view,
-                                              ks.data_ptr<at::BFloat16>(), cap, pos, budget);
+                                              ks.data_ptr<at::BFloat16>(), cap, pos, budget, rotations);
         break;
       default:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<float>(), cap,
-                                              pos, budget);
+                                              pos, budget, rotations);
     }
     Selection sel;
     sel.blocks = chosen.blocks;

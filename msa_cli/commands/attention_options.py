@@ -23,8 +23,9 @@ TopkOption = typer.Option(
     None,
     "--topk",
     min=1,
-    help="Blocks MSA selects per step besides the first and the most recent. [default: the "
-    "model's, as `msa calibrate` measured it, else 24]",
+    help="Blocks MSA selects per step besides the first and the most recent (with --selection "
+    "index: the question's and the answer's, at most, with --mass). [default: the model's, as "
+    "`msa calibrate` measured it, else 24]",
     rich_help_panel=ATTENTION,
 )
 SelectionOption = typer.Option(
@@ -32,7 +33,8 @@ SelectionOption = typer.Option(
     "--selection",
     help="How a question and its answer choose blocks: quest (block bounds and the answer's "
     "rules) or index (each query's attention over the cache's 4-bit index, max-pooled per "
-    "block; far blocks at their true distances within the model's trained context).",
+    "block; far blocks at their true distances within the model's trained context, scored as "
+    "read next to the recent blocks past it).",
     rich_help_panel=ATTENTION,
 )
 MassOption = typer.Option(
@@ -82,11 +84,12 @@ def attention_settings(mode: str, topk: int | None, block_size, local_blocks: in
         )
     # the index scores keys at their true distances, so its blocks are read there too, up to
     # the trained context (None): moved next to the question, single needles the index had
-    # found were lost (benchmarks/README.md, "Selection fidelity")
-    bounded = {"bounded_from": None} if selection == "index" else {}
+    # found were lost (benchmarks/README.md, "Selection fidelity"); --topk is the index's, and
+    # a document's chunks keep the model's
+    index = {"bounded_from": None, "topk": None, "index_topk": topk} if selection == "index" else {}
     try:
-        return AttentionSettings(mode=mode, topk=topk, block_size=block_size,
+        return AttentionSettings(**{"topk": topk, **index}, mode=mode, block_size=block_size,
                                  local_blocks=local_blocks, kv_dtype=kv_dtype,
-                                 selection=selection, top_p=mass, **bounded)  # fmt: skip
+                                 selection=selection, top_p=mass)  # fmt: skip
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--selection, --mass") from None
