@@ -98,10 +98,14 @@ def int8_note(rows: list[dict]) -> str | None:
 def read_peak(path: str | Path, threads: int) -> dict:
     """The row of `msa bench peak --json`'s output (a file) measured at `threads` threads."""
     try:
-        rows = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        rows = json.loads(text)
         found = [r for r in rows if r["threads"] == threads]
         missing = [f for f in FIELDS if f not in (found or rows)[0]]
-    except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+    except (ValueError, TypeError, KeyError, IndexError) as e:
         raise InputError(f"{path}: not the output of msa bench peak --json ({e})") from None
     if missing:
         raise InputError(f"{path}: not the output of msa bench peak --json (no {missing[0]})")
