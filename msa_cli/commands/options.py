@@ -223,6 +223,19 @@ def parse_lengths(spec: str) -> list[int]:
     return lengths
 
 
+def parse_thread_counts(spec: str) -> list[int]:
+    """'1,2' -> [1, 2]: thread counts, each from 1 to MAX_THREADS."""
+    try:
+        counts = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{spec!r}: whole numbers, comma-separated", param_hint="--threads"
+        ) from None
+    if not all(1 <= n <= MAX_THREADS for n in counts):
+        raise typer.BadParameter(f"{spec!r}: each from 1 to {MAX_THREADS}", param_hint="--threads")
+    return counts
+
+
 ResultsOption = typer.Option(
     None,
     "--results",

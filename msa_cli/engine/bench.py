@@ -6,6 +6,8 @@ import functools
 import resource
 import time
 
+from .peaks import median_seconds, peak_shares
+
 QUESTION_TOKENS = 64  # a bench prompt's tail read as a question
 
 
@@ -39,17 +41,24 @@ def prefill_as_asked(model, cache, ids: list[int]):
 
 
 def run_e2e(
-    loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None
+    loaded, lengths: list[int], *, decode_tokens: int, settings=None, spill_dir=None, peak=None
 ) -> list[dict]:
     """Prefill `length` synthetic tokens, then decode `decode_tokens` greedily, for each length,
     under the attention `settings` (AttentionSettings; None: the defaults). As in `msa ask`,
     the prompt's last tokens are prefilled as a question (`prefill_as_asked`), and K/V too
-    large for memory live in files under `spill_dir`."""
+    large for memory live in files under `spill_dir`.
+
+    Each row also gives what the weight products achieved (weight_reads.py counts them):
+    prefill's GFLOP/s and decode's GB/s of weights read; with `peak` (a row of `msa bench
+    peak`, peaks.py), their percentage of the machine's peaks."""
     import torch
+
+    from msa.models.weight_reads import weight_reads
 
     from .generate import new_cache, step
 
     model = loaded.model
+    reads = weight_reads(model)
     generator = torch.Generator().manual_seed(0)
     rows = []
     for length in lengths:
@@ -63,29 +72,23 @@ def run_e2e(
         for _ in range(decode_tokens):
             logits = step(model, cache, int(torch.argmax(logits)))
         decode_s = time.perf_counter() - start
-        rows.append(
-            {
-                "length": length,
-                "prefill_tok_s": round(length / prefill_s, 2),
-                "decode_tok_s": round(decode_tokens / decode_s, 2),
-                "peak_rss_mb": round(peak_rss_mb(), 1),
-                "anon_rss_mb": round(anon_rss_mb(), 1),
-                "kv_in_files": cache.storage_dir is not None,
-            }
-        )
+        prefill_gflop_s = reads.prefill_flops(length) / prefill_s / 1e9
+        decode_gb_s = reads.decode_bytes * decode_tokens / decode_s / 1e9
+        row = {
+            "length": length,
+            "prefill_tok_s": round(length / prefill_s, 2),
+            "decode_tok_s": round(decode_tokens / decode_s, 2),
+            "prefill_gflop_s": round(prefill_gflop_s, 1),
+            "decode_gb_s": round(decode_gb_s, 2),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "anon_rss_mb": round(anon_rss_mb(), 1),
+            "kv_in_files": cache.storage_dir is not None,
+        }
+        if peak is not None:
+            row.update(peak_shares(prefill_gflop_s, decode_gb_s, reads.prefill_dtype, peak))
+        rows.append(row)
         del cache
     return rows
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: first-call allocations and kernel builds
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def run_attention(
@@ -124,7 +127,7 @@ def run_attention(
             _msa_step, K, sync, q, k, v, summaries, length, block_size, topk, local_blocks,
             sink_blocks,
         )  # fmt: skip
-        dense_ms, msa_ms = _median_ms(dense, repeats), _median_ms(msa, repeats)
+        dense_ms, msa_ms = (1000 * median_seconds(fn, repeats) for fn in (dense, msa))
         del dense, msa  # their K/V go with k, v below
         elt = k.element_size()
         width = K.selection_width(topk, local_blocks, sink_blocks)

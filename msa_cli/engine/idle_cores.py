@@ -49,6 +49,12 @@ class Snapshot:
     own_cpu_s: float  # this process's CPU seconds, every thread
 
 
+def usable_cores() -> int:
+    """The cores this process may run on, no more than a CPU quota allows."""
+    allowed = len(cores())
+    return min(allowed, cpu_quota() or allowed)
+
+
 def snapshot(allowed: set[int] | None = None, stat_path: str = "/proc/stat") -> Snapshot:
     idle = _idle_seconds(allowed or cores(), stat_path)
     return Snapshot(time.monotonic(), idle, time.process_time())
@@ -90,5 +96,5 @@ def idle_cores() -> int:
     allowed = cores()
     now = snapshot(allowed)
     # a CPU quota's cores are not idle for us however idle the machine's are
-    n, _last = free_cores(_last, now, min(len(allowed), cpu_quota() or len(allowed))), now
+    n, _last = free_cores(_last, now, usable_cores()), now
     return n
