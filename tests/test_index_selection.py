@@ -161,7 +161,9 @@ def test_a_bounded_step_scores_its_far_blocks_as_read_next_to_its_window():
 
     ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=Observer())
     attend(q, keys, v, ctx, 0)
-    want = _expected_blocks(q[:, 0], keys, n_tokens - 1, block, 2, None, window_first, rope.inv_freq)
+    want = _expected_blocks(
+        q[:, 0], keys, n_tokens - 1, block, 2, None, window_first, rope.inv_freq
+    )
     at_true = _expected_blocks(q[:, 0], keys, n_tokens - 1, block, 2)
     assert 100 // block in want and 100 // block not in at_true
     (idx,) = seen
