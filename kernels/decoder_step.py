@@ -53,7 +53,7 @@ with the reason in `build_error()`, where it cannot be built: callers keep their
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -86,23 +86,9 @@ class StepSettings:
         """The sliding window of `layer`, None for a global one."""
         return self.windows[layer] if layer < len(self.windows) else None
 
-    def window_list(self, n_layers: int) -> list[int]:
-        """Each layer's window for the extension (0: none), or [] where no layer has one."""
-        if not any(w is not None for w in self.windows):
-            return []
-        return [self.window(layer) or 0 for layer in range(n_layers)]
-
-    def as_list(self) -> list[int]:
-        layer = -1 if self.selection_layer is None else self.selection_layer
-        return [
-            self.sparse_from,
-            self.bounded_from,
-            self.block_size,
-            self.topk,
-            self.local_blocks,
-            self.sink_blocks,
-            layer,
-        ]
+    def as_struct(self, extension):
+        """These settings as the extension's `Settings`, field by field."""
+        return _struct(extension.Settings, **{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 def compiled_extension():
@@ -131,6 +117,7 @@ class DecoderStep:
         eps: float,
         inv_freq: torch.Tensor,
     ):
+        self._extension = extension
         self._stack = extension.DecoderStack(
             layers, hidden, intermediate, n_heads, n_kv_heads, head_dim, eps, inv_freq
         )
@@ -166,59 +153,73 @@ class DecoderStep:
         token of a far block with at least `follow_weight` of it, the blocks after those
         (msa_decode.blocks_after_peaks); `copy_blocks(layer, block_ids)`, for each MSA layer
         where a query head's attention peaked so on any token of a far block past the sink,
-        those blocks (msa_decode.blocks_copied_from). Both are told in layer order. `index`: MSA's
-        selection by the stored index instead (models/index_selection.py): per layer its codes,
-        scales and means as models/kv_index.py keeps them (3 tensors a layer, empty where the
-        layer has none), the first `index_tokens` indexed; `top_p`: its mass budget (None: top-k).
+        those blocks (msa_decode.blocks_copied_from). Both are told in layer order, and need
+        `follow_weight`. `index`: MSA's selection by the stored index instead
+        (models/index_selection.py): per layer its codes, scales and means as models/kv_index.py
+        keeps them (3 tensors a layer, empty where the layer has none), the first `index_tokens`
+        indexed; `top_p`: its mass budget (None: top-k).
 
         When an MSA layer selects blocks that `absent` marks, the step stops before reading
         them, `load_blocks(layer, block_ids)` must copy them into the stores (and clear their
         marks), and the step resumes from that layer."""
-        summaries = torch.empty(0, 0, 0, 0, 0) if summaries is None else summaries
+        ext = self._extension
         absent = torch.zeros(len(keys), 0, dtype=torch.bool) if absent is None else absent
-        args, first, shared = settings.as_list(), 0, []
-        windows, softcap = settings.window_list(len(keys)), settings.softcap or 0.0
+        cache = _struct(
+            ext.Cache,
+            keys=keys,
+            values=values,
+            key_scales=scales[0],
+            value_scales=scales[1],
+            summaries=torch.empty(0, 0, 0, 0, 0) if summaries is None else summaries,
+            absent=absent,
+        )
+        stores = index or []  # codes, scales, means: 3 tensors a layer
+        index = _struct(
+            ext.Index,
+            codes=stores[0::3],
+            scales=stores[1::3],
+            means=stores[2::3],
+            tokens=index_tokens,
+            top_p=top_p,
+        )
+        reports = follow_blocks is not None or copy_blocks is not None
+        if reports and follow_weight is None:
+            raise ValueError("follow_blocks and copy_blocks need a follow_weight")
+        answer = _struct(
+            ext.Answer, blocks=answer_blocks or [], peak_weight=follow_weight if reports else None
+        )
+        step_settings, first, shared = settings.as_struct(ext), 0, None
         cos, sin = cos.contiguous(), sin.contiguous()
         while True:
-            stopped, missing, shared, followed, copied = self._stack.step(
-                x,
-                keys,
-                values,
-                *scales,
-                summaries,
-                absent,
-                pos,
-                cos,
-                sin,
-                args,
-                windows,
-                softcap,
-                # 2: no weight is so high, no peak is found
-                2.0 if follow_blocks is None and copy_blocks is None else follow_weight,
-                first,
-                shared,
-                answer_blocks or [],
-                index or [],
-                index_tokens,
-                top_p or 0.0,
+            result = self._stack.step(
+                x, cache, pos, cos, sin, step_settings, index, answer, first, shared
             )
-            for layer, (after, copied_from) in enumerate(zip(followed, copied)):
+            for layer, (after, copied_from) in enumerate(zip(result.followed, result.copied)):
                 if after and follow_blocks is not None:
                     follow_blocks(layer, after)
                 if copied_from and copy_blocks is not None:
                     copy_blocks(layer, copied_from)
-            if stopped < 0:
+            if result.stopped_at is None:
                 return x
+            layer, missing = result.stopped_at, result.missing
             if load_blocks is None:
                 raise ValueError(
-                    f"layer {stopped} selected blocks {missing} that are not in the cache yet"
+                    f"layer {layer} selected blocks {missing} that are not in the cache yet"
                 )
-            load_blocks(stopped, missing)
-            if absent[stopped, missing].any():
+            load_blocks(layer, missing)
+            if absent[layer, missing].any():
                 raise RuntimeError(
-                    f"blocks {missing} of layer {stopped} are still absent after loading"
+                    f"blocks {missing} of layer {layer} are still absent after loading"
                 )
-            first = stopped
+            first, shared = layer, result.shared
+
+
+def _struct(kind, **values):
+    """The extension's struct `kind` with `values` set by field name (a name it lacks: an error)."""
+    struct = kind()
+    for name, value in values.items():
+        setattr(struct, name, value)
+    return struct
 
 
 def never(position: float) -> int:

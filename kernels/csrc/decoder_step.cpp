@@ -21,7 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <tuple>
+#include <optional>
 #include <vector>
 
 #include "attend_rows.h"
@@ -132,9 +132,47 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.f + std::tanh(inner));
 }
 
-// How the cache's attention reads it (AttentionSettings, resolved for this cache).
+constexpr int64_t NEVER = int64_t{1} << 62;  // a position no input reaches (decoder_step.py's NEVER)
+
+// How the cache's attention reads it: decoder_step.py's StepSettings (msa.models' AttentionPlan
+// resolved for a cache), field by field. selection_layer: the layer whose blocks the layers after
+// it read (none: each selects its own); windows: per layer, its sliding window (none, or past the
+// list: a global layer); softcap: of the attention logits (none: not capped).
 struct Settings {
-  int64_t sparse_from, bounded_from, block_size, topk, local_blocks, sink_blocks, selection_layer;
+  int64_t sparse_from = NEVER, bounded_from = NEVER, block_size = 64, topk = 8, local_blocks = 1, sink_blocks = 1;
+  std::optional<int64_t> selection_layer;
+  std::vector<std::optional<int64_t>> windows;
+  std::optional<double> softcap;
+
+  // layer's sliding window, 0 for a global layer
+  int64_t window(size_t layer) const { return layer < windows.size() ? windows[layer].value_or(0) : 0; }
+};
+
+// The cache a step reads and writes, per layer: the K and V stores [Hkv, cap, D] (fp32, fp16 or
+// bf16; int8 K/V: fp32) and int8 K/V's scale stores [Hkv, cap] (none: not int8); for MSA's
+// selection by content, the summaries [L, Hkv, >= full blocks, 2, D] and `absent` bool
+// [L, n_marked]: the blocks not in the stores yet, which the step asks for instead of reading.
+struct Cache {
+  std::vector<at::Tensor> keys, values, key_scales, value_scales;
+  at::Tensor summaries, absent;
+};
+
+// MSA's selection by the stored index instead of the summaries (models/index_selection.py): per
+// layer its codes, scales and means as kv_index.py keeps them (empty where the layer has none),
+// the first `tokens` indexed; top_p: its mass budget (none: top-k). No layers: by the summaries.
+struct Index {
+  std::vector<at::Tensor> codes, scales, means;
+  int64_t tokens = 0;
+  std::optional<double> top_p;
+};
+
+// The answer's rules (msa_decode.py): per layer, the blocks an MSA layer reads besides its own
+// choice where they lie before its local window (ascending; no lists: none); peak_weight: the
+// least share of a query head's attention on one token for the step to report the blocks that
+// token leads to (none: no peaks are looked for).
+struct Answer {
+  std::vector<std::vector<int64_t>> blocks;
+  std::optional<double> peak_weight;
 };
 
 // The blocks one KV head reads: ascending ids, the first n_far of them before the local window.
@@ -142,6 +180,19 @@ struct Selection {
   std::vector<int64_t> blocks;
   int64_t n_far = 0;
   std::vector<int64_t> ranked;  // its top-k far blocks, best first (empty: every candidate taken)
+};
+
+// What a step did. stopped_at: the layer that selected `missing`, blocks that `absent` marks
+// (none: every layer ran); shared: the selection layer's blocks once it has selected, for the
+// layers after it (pass it back to resume); followed: per layer, the blocks after the far blocks
+// on whose last token a query head's attention peaked with at least `peak_weight` of it
+// (msa_decode.blocks_after_peaks), copied: the far blocks past the sink on one of whose tokens
+// it peaked so (blocks_copied_from), ascending, for the layers that ran (the others: empty).
+struct StepResult {
+  std::optional<int64_t> stopped_at;
+  std::vector<int64_t> missing;
+  std::optional<Selection> shared;
+  std::vector<std::vector<int64_t>> followed, copied;
 };
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
@@ -611,6 +662,48 @@ LinearGroup make_group(const py::dict& spec, const char* fused, const std::vecto
   return group;
 }
 
+// The selected blocks that `absent` [L, n_marked] marks in `layer`, in the order the heads
+// select them (each once).
+std::vector<int64_t> absent_blocks(const std::vector<Selection>& sel, const at::Tensor& absent, int64_t layer) {
+  std::vector<int64_t> missing;
+  const int64_t n_marked = absent.size(1);
+  const bool* gone = absent.data_ptr<bool>() + layer * n_marked;
+  for (const Selection& head : sel)
+    for (int64_t b : head.blocks)
+      if (b < n_marked && gone[b] && std::find(missing.begin(), missing.end(), b) == missing.end())
+        missing.push_back(b);
+  return missing;
+}
+
+// One step's inputs as its layers read them, checked once (DecoderStack::inputs).
+struct StepInputs {
+  const Cache& cache;
+  const Settings& s;
+  const Index& index;
+  const Answer& answer;
+  int64_t pos;
+  const float *cos, *sin;  // the angles of pos, [angle_rows, D]
+  int64_t angle_rows;
+  float softcap;      // <= 0: none
+  float peak_weight;  // above 1: no peak reaches it
+  bool int8;          // int8 K/V: the token's rows rounded to their grid, scales kept
+  bool sparse;        // MSA in every layer without a window (pos >= sparse_from)
+  bool by_index;      // MSA's selection by the stored index, not the summaries
+  // where the index scores far blocks at a bounded distance: RoPE's rotations by whole blocks
+  std::optional<block_index::BlockRotations> far_rotations;
+};
+
+// A step's working memory, sized once for its layers: h [hidden] a norm's output, qkv
+// [(Hq + 2 Hkv) D] the token's q | k | v, q0 [Hq, D] q before RoPE, attn [Hq, D] the attention's
+// output, gu [2 I] gate | up, delta [hidden] a block's output before its residual add, peaks [Hq].
+struct Scratch {
+  Scratch(int64_t hidden, int64_t n_heads, int64_t n_kv_heads, int64_t d, int64_t inter)
+      : h(hidden), qkv((n_heads + 2 * n_kv_heads) * d), q0(n_heads * d), attn(n_heads * d), gu(2 * inter),
+        delta(hidden), peaks(n_heads) {}
+  std::vector<float> h, qkv, q0, attn, gu, delta;
+  std::vector<int64_t> peaks;
+};
+
 class DecoderStack {
  public:
   DecoderStack(const std::vector<py::dict>& layers, int64_t hidden, int64_t intermediate, int64_t n_heads,
@@ -648,198 +741,219 @@ class DecoderStack {
     }
   }
 
-  // See DecoderStep.step in decoder_step.py. cos, sin: [D] or [kinds, D], the angles of `pos` of
-  // each kind of layer (row 0: the global layers', row 1: the windowed layers'); windows: per
-  // layer, the sliding window (<= 0: none), or empty; softcap: of the attention logits (<= 0:
-  // none); answer_blocks: per layer, the answer's blocks (ascending), which an MSA step reads
-  // besides its own choice, or empty. Returns (-1, [], shared, followed, copied) when every
-  // layer ran, or (layer, blocks, shared, followed, copied) when `layer` selected blocks that
-  // `absent` marks as not in the stores yet: x is then as that layer found it; load the blocks
-  // and call again from it, passing `shared` back. followed: per layer, the blocks after the
-  // far blocks on whose last token a query head's attention peaked with at least `peak_weight`
-  // of it, ascending (msa_decode.blocks_after_peaks), for the layers that ran; copied: per
-  // layer, the far blocks past the sink on one of whose tokens a query head's attention peaked
-  // so (blocks_copied_from).
-  std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::vector<int64_t>>,
-             std::vector<std::vector<int64_t>>>
-  step(
-      at::Tensor x, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-      const std::vector<at::Tensor>& key_scales, const std::vector<at::Tensor>& value_scales,
-      at::Tensor summaries, at::Tensor absent, int64_t pos, at::Tensor cos, at::Tensor sin,
-      std::vector<int64_t> settings, std::vector<int64_t> windows, double softcap, double peak_weight,
-      int64_t first_layer,
-      std::vector<int64_t> shared_in, const std::vector<std::vector<int64_t>>& answer_blocks,
-      const std::vector<at::Tensor>& index, int64_t index_tokens, double top_p) const {
+  // See DecoderStep.step in decoder_step.py. x [hidden] fp32, updated in place; cos, sin: [D] or
+  // [2, D], the angles of `pos` (row 0: the global layers', row 1: the windowed layers'). Runs the
+  // layers from `first_layer` on; the layers after the selection layer read `shared` where it
+  // selected in an earlier call. A layer that selects blocks `absent` marks stops the step before
+  // reading them, x as that layer found it: load them, then call again from `stopped_at` with the
+  // result's `shared`.
+  StepResult step(at::Tensor x, const Cache& cache, int64_t pos, at::Tensor cos, at::Tensor sin,
+                  const Settings& settings, const Index& index, const Answer& answer, int64_t first_layer,
+                  const std::optional<Selection>& shared) const {
+    const StepInputs in = inputs(x, cache, pos, cos, sin, settings, index, answer);
+    Scratch w(hidden_, n_heads_, n_kv_heads_, d_, inter_);
+    StepResult result;
+    result.shared = shared;
+    result.followed.resize(layers_.size());
+    result.copied.resize(layers_.size());
+    float* xs = x.data_ptr<float>();
+    for (size_t li = static_cast<size_t>(first_layer); li < layers_.size(); ++li) {
+      std::vector<int64_t> missing = attention(li, in, xs, w, result);
+      if (!missing.empty()) {
+        result.stopped_at = static_cast<int64_t>(li);
+        result.missing = std::move(missing);
+        return result;
+      }
+      mlp(layers_[li], xs, w);
+    }
+    return result;
+  }
+
+ private:
+  // The step's inputs checked (each layer's K/V stores as it runs), with what its layers share.
+  StepInputs inputs(const at::Tensor& x, const Cache& cache, int64_t pos, const at::Tensor& cos,
+                    const at::Tensor& sin, const Settings& s, const Index& index, const Answer& answer) const {
+    const size_t n_layers = layers_.size();
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat && x.numel() == hidden_, "x must be fp32 [hidden]");
-    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one K and V store per layer");
-    const bool int8 = !key_scales.empty();  // int8 K/V: rows rounded to their grid, scales kept
-    TORCH_CHECK(!int8 || (key_scales.size() == layers_.size() && value_scales.size() == layers_.size()),
+    TORCH_CHECK(cache.keys.size() == n_layers && cache.values.size() == n_layers, "one K and V store per layer");
+    const bool int8 = !cache.key_scales.empty();
+    TORCH_CHECK(!int8 || (cache.key_scales.size() == n_layers && cache.value_scales.size() == n_layers),
                 "int8 K/V: one K and V scale store per layer");
-    TORCH_CHECK(settings.size() == 7, "settings: sparse_from, bounded_from, block_size, topk, local, sink, layer");
-    const Settings s{settings[0], settings[1], settings[2], settings[3], settings[4], settings[5], settings[6]};
-    TORCH_CHECK(windows.empty() || windows.size() == layers_.size(), "windows: one per layer, or none");
-    TORCH_CHECK(answer_blocks.empty() || answer_blocks.size() == layers_.size(),
-                "answer_blocks: one list per layer, or none");
+    TORCH_CHECK(answer.blocks.empty() || answer.blocks.size() == n_layers, "answer blocks: one list per layer, or none");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                     sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && cos.size(-1) == d_ &&
                     (cos.dim() == 1 || (cos.dim() == 2 && (cos.size(0) == 1 || cos.size(0) == 2))),
                 "cos, sin must be contiguous fp32 [D] or [1 or 2, D]");
-    const int64_t angle_rows = cos.dim() == 1 ? 1 : cos.size(0);
-    const float logit_cap = static_cast<float>(softcap);
     const bool sparse = pos >= s.sparse_from;
-    // MSA's selection by the stored index: per layer (codes, scales, means) as kv_index.py keeps
-    // them, the first index_tokens indexed; empty: Quest's selection over the summaries
-    const bool by_index = !index.empty();
-    TORCH_CHECK(!by_index || index.size() == 3 * layers_.size(), "index: codes, scales, means per layer");
+    const bool by_index = !index.codes.empty();
+    TORCH_CHECK(!by_index || (index.codes.size() == n_layers && index.scales.size() == n_layers &&
+                              index.means.size() == n_layers),
+                "index: codes, scales, means per layer");
     if (sparse && !by_index) {
-      TORCH_CHECK(summaries.is_contiguous() && summaries.scalar_type() == at::kFloat && summaries.dim() == 5 &&
-                      summaries.size(0) == static_cast<int64_t>(layers_.size()) && summaries.size(1) == n_kv_heads_ &&
-                      summaries.size(2) >= pos / s.block_size,
+      const at::Tensor& sums = cache.summaries;
+      TORCH_CHECK(sums.is_contiguous() && sums.scalar_type() == at::kFloat && sums.dim() == 5 &&
+                      sums.size(0) == static_cast<int64_t>(n_layers) && sums.size(1) == n_kv_heads_ &&
+                      sums.size(2) >= pos / s.block_size,
                   "summaries must be fp32 [L, Hkv, >= full blocks, 2, D]");
-      TORCH_CHECK(absent.scalar_type() == at::kBool && absent.dim() == 2 && absent.is_contiguous() &&
-                      absent.size(0) == static_cast<int64_t>(layers_.size()),
+      TORCH_CHECK(cache.absent.scalar_type() == at::kBool && cache.absent.dim() == 2 && cache.absent.is_contiguous() &&
+                      cache.absent.size(0) == static_cast<int64_t>(n_layers),
                   "absent must be bool [L, blocks]");
-    }
-    const int64_t qkv_width = (n_heads_ + 2 * n_kv_heads_) * d_;
-    const int64_t g = n_heads_ / n_kv_heads_;
-    std::vector<float> h(static_cast<size_t>(hidden_)), qkv(static_cast<size_t>(qkv_width));
-    std::vector<float> q0(static_cast<size_t>(n_heads_ * d_)), attn(static_cast<size_t>(n_heads_ * d_));
-    std::vector<float> gu(static_cast<size_t>(2 * inter_)), delta(static_cast<size_t>(hidden_));
-    std::vector<int64_t> peaks(static_cast<size_t>(n_heads_));
-    std::vector<std::vector<int64_t>> followed(layers_.size()), copied(layers_.size());
-    float* xs = x.data_ptr<float>();
-    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
-    Selection shared;
-    bool have_shared = false;
-    if (!shared_in.empty()) {
-      shared.n_far = shared_in[0];
-      shared.blocks.assign(shared_in.begin() + 1, shared_in.end());
-      have_shared = true;
     }
     // a token that reads its far blocks at a bounded distance has the index score them as read
     // there (select_index.h): RoPE's rotations by whole blocks up to its local window, once a step
-    const bool moves = by_index && sparse && pos >= s.bounded_from;
-    const block_index::BlockRotations far_rotations =
-        moves ? block_index::BlockRotations(inv_freq_.data_ptr<double>(), d_ / 2, s.block_size,
-                                            std::max<int64_t>(0, pos / s.block_size - s.local_blocks + 1))
-              : block_index::BlockRotations();
-    for (size_t li = static_cast<size_t>(first_layer); li < layers_.size(); ++li) {
-      const Layer& l = layers_[li];
-      const int64_t window = windows.empty() ? 0 : windows[li];
-      // a windowed layer's angles: the second row where there is one (Gemma 3's local base)
-      const int64_t angles = window > 0 && angle_rows > 1 ? d_ : 0;
-      const float* c = cos.data_ptr<float>() + angles;
-      const float* sn = sin.data_ptr<float>() + angles;
-      const at::Tensor& ks = keys[li];
-      const at::Tensor& vs = values[li];
-      const int64_t cap = ks.size(1);
-      const at::ScalarType kv_type = ks.scalar_type();
-      TORCH_CHECK(ks.is_contiguous() && vs.is_contiguous() && vs.scalar_type() == kv_type &&
-                      (kv_type == at::kFloat || kv_type == at::kHalf || kv_type == at::kBFloat16) &&
-                      (!int8 || kv_type == at::kFloat) && pos < cap && vs.size(1) == cap,
-                  "K/V stores must be contiguous fp32, fp16 or bf16 [Hkv, cap, D] with room for the token "
-                  "(int8 K/V: fp32)");
-      if (int8) {
-        for (const at::Tensor* t : {&key_scales[li], &value_scales[li]})
-          TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
-                          t->size(0) == n_kv_heads_ && t->size(1) == cap,
-                      "int8 K/V scales must be contiguous fp32 [Hkv, cap]");
-      }
-      norm(l, xs, l.norm_in, h.data(), 1, hidden_);
-      l.qkv.apply(h.data(), qkv.data());
-      float* q = qkv.data();
-      float* k = q + n_heads_ * d_;
-      float* v = k + n_kv_heads_ * d_;
-      if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
-        norm(l, q, l.q_norm, q, n_heads_, d_);
-        norm(l, k, l.k_norm, k, n_kv_heads_, d_);
-      }
-      if (l.q_scale != 1.f)
-        for (int64_t i = 0; i < n_heads_ * d_; ++i) q[i] *= l.q_scale;
-      std::copy(q, q + n_heads_ * d_, q0.begin());  // the content frame: before RoPE
-      rope(q, n_heads_ + n_kv_heads_, d_, c, sn);   // q and k lie side by side
-      if (int8) {
-        float* k_scale = key_scales[li].data_ptr<float>();
-        float* v_scale = value_scales[li].data_ptr<float>();
-        for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh) {
-          k_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(k + kvh * d_, d_);
-          v_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(v + kvh * d_, d_);
-        }
-      }
-      write_token(k, ks, n_kv_heads_, d_, pos);  // attention reads the token back as stored
-      write_token(v, vs, n_kv_heads_, d_, pos);
-      if (!sparse || window > 0) {  // a windowed layer reads (pos - window, pos] densely, never MSA
-        const int64_t from = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
-                                                     dense_segments(from, pos + 1, s.block_size));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data(),
-                      peaks.data(), static_cast<float>(peak_weight));
-      } else {
-        const int64_t layer = static_cast<int64_t>(li);
-        std::vector<Selection> sel;
-        if (by_index) {
-          sel.assign(static_cast<size_t>(n_kv_heads_), index_selection(q, li, ks, index, index_tokens, pos, s, top_p,
-                                                                      moves ? &far_rotations : nullptr));
-        } else if (s.selection_layer >= 0 && layer > s.selection_layer && have_shared) {
-          sel.assign(static_cast<size_t>(n_kv_heads_), shared);
-        } else {
-          const int64_t n_blocks = summaries.size(2);
-          const float* sums = summaries.data_ptr<float>() + layer * n_kv_heads_ * n_blocks * 2 * d_;
-          sel.resize(static_cast<size_t>(n_kv_heads_));
-          at::parallel_for(0, n_kv_heads_, 1, [&](int64_t first, int64_t last) {
-            for (int64_t kvh = first; kvh < last; ++kvh)
-              sel[kvh] = select_head(q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, pos, s);
-          });
-          // one set for every KV head, the heads' choices taken in turn, in every selecting
-          // layer; the selection layer's is read by the layers after it
-          Selection joined = share_by_heads(sel, s);
-          if (!answer_blocks.empty()) joined = with_answer_blocks(joined, answer_blocks[li], pos, s);
-          sel.assign(static_cast<size_t>(n_kv_heads_), joined);
-          if (layer == s.selection_layer) {
-            shared = joined;
-            have_shared = true;
-          }
-        }
-        std::vector<int64_t> missing;
-        const int64_t n_marked = absent.size(1);
-        const bool* gone = absent.data_ptr<bool>() + layer * n_marked;
-        for (const Selection& head : sel)
-          for (int64_t b : head.blocks)
-            if (b < n_marked && gone[b] && std::find(missing.begin(), missing.end(), b) == missing.end())
-              missing.push_back(b);
-        if (!missing.empty()) return {layer, missing, flatten(shared, have_shared), followed, copied};
-        std::vector<std::vector<Segment>> segs;
-        for (const Selection& head : sel) segs.push_back(selected_segments(head, pos, s));
-        attend_stores(q, ks, vs, segs, n_heads_, d_, scale, logit_cap, inv_freq_.data_ptr<double>(), attn.data(),
-                      peaks.data(), static_cast<float>(peak_weight));
-        followed[li] = blocks_after_peaks(peaks, sel, g, s.block_size);
-        copied[li] = blocks_copied_from(peaks, sel, g, s.block_size, s.sink_blocks);
-      }
-      l.o.apply(attn.data(), delta.data());
-      if (l.attn_out_norm.defined()) norm(l, delta.data(), l.attn_out_norm, delta.data(), 1, hidden_);
-      for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
-      norm(l, xs, l.norm_post, h.data(), 1, hidden_);
-      l.gate_up.apply(h.data(), gu.data());
-      if (l.act == GELU_TANH && l.torch_norms) {  // PyTorch's GELU kernel, as the per-op path
-        at::Tensor gate = at::from_blob(gu.data(), {1, inter_}, at::kFloat);
-        at::Tensor up = at::from_blob(gu.data() + inter_, {1, inter_}, at::kFloat);
-        at::mul_out(gate, at::gelu(gate, "tanh"), up);
-      } else if (l.act == GELU_TANH) {
-        for (int64_t i = 0; i < inter_; ++i) gu[i] = gelu_tanh(gu[i]) * gu[inter_ + i];
-      } else {
-        for (int64_t i = 0; i < inter_; ++i) {
-          const float gate = gu[i];
-          gu[i] = gate / (1.f + std::exp(-gate)) * gu[inter_ + i];
-        }
-      }
-      l.down.apply(gu.data(), delta.data());
-      if (l.mlp_out_norm.defined()) norm(l, delta.data(), l.mlp_out_norm, delta.data(), 1, hidden_);
-      for (int64_t i = 0; i < hidden_; ++i) xs[i] += delta[i];
-    }
-    return {-1, {}, flatten(shared, have_shared), followed, copied};
+    std::optional<block_index::BlockRotations> far_rotations;
+    if (by_index && sparse && pos >= s.bounded_from)
+      far_rotations.emplace(inv_freq_.data_ptr<double>(), d_ / 2, s.block_size,
+                            std::max<int64_t>(0, pos / s.block_size - s.local_blocks + 1));
+    return {cache,
+            s,
+            index,
+            answer,
+            pos,
+            cos.data_ptr<float>(),
+            sin.data_ptr<float>(),
+            cos.dim() == 1 ? 1 : cos.size(0),
+            static_cast<float>(s.softcap.value_or(0.0)),
+            static_cast<float>(answer.peak_weight.value_or(2.0)),
+            int8,
+            sparse,
+            by_index,
+            std::move(far_rotations)};
   }
 
- private:
+  // Layer li's attention of the token, x += its output (through the layer's output norm where it
+  // has one): the token's q, k, v and K/V (token_qkv), then a dense read (before sparse_from; a
+  // windowed layer's (pos - window, pos] always, never MSA) or MSA's selected blocks. Returns the
+  // selected blocks that `absent` marks, unread and x unchanged; empty: the layer ran.
+  std::vector<int64_t> attention(size_t li, const StepInputs& in, float* x, Scratch& w, StepResult& result) const {
+    const Layer& l = layers_[li];
+    const int64_t window = in.s.window(li);
+    const float* q = token_qkv(li, window, in, x, w);
+    const at::Tensor& ks = in.cache.keys[li];
+    const at::Tensor& vs = in.cache.values[li];
+    const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    const double* inv_freq = inv_freq_.data_ptr<double>();
+    if (!in.sparse || window > 0) {
+      const int64_t from = window > 0 ? std::max<int64_t>(0, in.pos - window + 1) : 0;
+      const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
+                                                   dense_segments(from, in.pos + 1, in.s.block_size));
+      attend_stores(q, ks, vs, segs, n_heads_, d_, scale, in.softcap, inv_freq, w.attn.data(), w.peaks.data(),
+                    in.peak_weight);
+    } else {
+      const std::vector<Selection> sel = select(li, q, in, w, result.shared);
+      std::vector<int64_t> missing = absent_blocks(sel, in.cache.absent, static_cast<int64_t>(li));
+      if (!missing.empty()) return missing;
+      std::vector<std::vector<Segment>> segs;
+      for (const Selection& head : sel) segs.push_back(selected_segments(head, in.pos, in.s));
+      attend_stores(q, ks, vs, segs, n_heads_, d_, scale, in.softcap, inv_freq, w.attn.data(), w.peaks.data(),
+                    in.peak_weight);
+      const int64_t g = n_heads_ / n_kv_heads_;
+      result.followed[li] = blocks_after_peaks(w.peaks, sel, g, in.s.block_size);
+      result.copied[li] = blocks_copied_from(w.peaks, sel, g, in.s.block_size, in.s.sink_blocks);
+    }
+    l.o.apply(w.attn.data(), w.delta.data());
+    if (l.attn_out_norm.defined()) norm(l, w.delta.data(), l.attn_out_norm, w.delta.data(), 1, hidden_);
+    for (int64_t i = 0; i < hidden_; ++i) x[i] += w.delta[i];
+    return {};
+  }
+
+  // The token's q, k, v in layer li (input norm, products, per-head q/k norms, q scale), q before
+  // RoPE kept in w.q0 (the content frame MSA's summaries score), then q and k rotated by the layer
+  // kind's angles and the token's K/V written at pos (int8 K/V: rounded to their grid, scales
+  // kept). Returns q [Hq, D] (in w.qkv).
+  const float* token_qkv(size_t li, int64_t window, const StepInputs& in, const float* x, Scratch& w) const {
+    const Layer& l = layers_[li];
+    const at::Tensor& ks = in.cache.keys[li];
+    const at::Tensor& vs = in.cache.values[li];
+    const int64_t cap = ks.size(1), pos = in.pos;
+    const at::ScalarType kv_type = ks.scalar_type();
+    TORCH_CHECK(ks.is_contiguous() && vs.is_contiguous() && vs.scalar_type() == kv_type &&
+                    (kv_type == at::kFloat || kv_type == at::kHalf || kv_type == at::kBFloat16) &&
+                    (!in.int8 || kv_type == at::kFloat) && pos < cap && vs.size(1) == cap,
+                "K/V stores must be contiguous fp32, fp16 or bf16 [Hkv, cap, D] with room for the token "
+                "(int8 K/V: fp32)");
+    if (in.int8) {
+      for (const at::Tensor* t : {&in.cache.key_scales[li], &in.cache.value_scales[li]})
+        TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat && t->dim() == 2 &&
+                        t->size(0) == n_kv_heads_ && t->size(1) == cap,
+                    "int8 K/V scales must be contiguous fp32 [Hkv, cap]");
+    }
+    norm(l, x, l.norm_in, w.h.data(), 1, hidden_);
+    l.qkv.apply(w.h.data(), w.qkv.data());
+    float* q = w.qkv.data();
+    float* k = q + n_heads_ * d_;
+    float* v = k + n_kv_heads_ * d_;
+    if (l.q_norm.defined()) {  // each head of q and k RMS-normalized over D, before RoPE
+      norm(l, q, l.q_norm, q, n_heads_, d_);
+      norm(l, k, l.k_norm, k, n_kv_heads_, d_);
+    }
+    if (l.q_scale != 1.f)
+      for (int64_t i = 0; i < n_heads_ * d_; ++i) q[i] *= l.q_scale;
+    std::copy(q, q + n_heads_ * d_, w.q0.begin());
+    // a windowed layer's angles: the second row where there is one (Gemma 3's local base)
+    const int64_t angles = window > 0 && in.angle_rows > 1 ? d_ : 0;
+    rope(q, n_heads_ + n_kv_heads_, d_, in.cos + angles, in.sin + angles);  // q and k lie side by side
+    if (in.int8) {
+      float* k_scale = in.cache.key_scales[li].data_ptr<float>();
+      float* v_scale = in.cache.value_scales[li].data_ptr<float>();
+      for (int64_t kvh = 0; kvh < n_kv_heads_; ++kvh) {
+        k_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(k + kvh * d_, d_);
+        v_scale[kvh * cap + pos] = kv_rows::round_to_int8_grid(v + kvh * d_, d_);
+      }
+    }
+    write_token(k, ks, n_kv_heads_, d_, pos);  // attention reads the token back as stored
+    write_token(v, vs, n_kv_heads_, d_, pos);
+    return q;
+  }
+
+  // The blocks each KV head reads in MSA layer li: by the stored index; in a layer after the
+  // selection layer, that layer's (`shared`); else by the summaries, one set for every KV head
+  // (the heads' choices taken in turn) with the answer's blocks, which becomes `shared` in the
+  // selection layer. q [Hq, D]: the token's query heads after RoPE, w.q0 before.
+  std::vector<Selection> select(size_t li, const float* q, const StepInputs& in, const Scratch& w,
+                                std::optional<Selection>& shared) const {
+    const Settings& s = in.s;
+    const auto heads = static_cast<size_t>(n_kv_heads_);
+    const int64_t layer = static_cast<int64_t>(li);
+    if (in.by_index) return std::vector<Selection>(heads, index_selection(q, li, in));
+    if (s.selection_layer && layer > *s.selection_layer && shared) return std::vector<Selection>(heads, *shared);
+    const int64_t n_blocks = in.cache.summaries.size(2);
+    const float* sums = in.cache.summaries.data_ptr<float>() + layer * n_kv_heads_ * n_blocks * 2 * d_;
+    const int64_t g = n_heads_ / n_kv_heads_;
+    std::vector<Selection> sel(heads);
+    at::parallel_for(0, n_kv_heads_, 1, [&](int64_t first, int64_t last) {
+      for (int64_t kvh = first; kvh < last; ++kvh)
+        sel[kvh] = select_head(w.q0.data() + kvh * g * d_, g, d_, sums + kvh * n_blocks * 2 * d_, in.pos, s);
+    });
+    Selection joined = share_by_heads(sel, s);
+    if (!in.answer.blocks.empty()) joined = with_answer_blocks(joined, in.answer.blocks[li], in.pos, s);
+    if (s.selection_layer == layer) shared = joined;
+    return std::vector<Selection>(heads, joined);
+  }
+
+  // x += the layer's MLP: Down(act(G) * U) with G | U = GateUp(norm_post(x)), through the layer's
+  // output norm where it has one.
+  void mlp(const Layer& l, float* x, Scratch& w) const {
+    norm(l, x, l.norm_post, w.h.data(), 1, hidden_);
+    l.gate_up.apply(w.h.data(), w.gu.data());
+    float* gu = w.gu.data();
+    if (l.act == GELU_TANH && l.torch_norms) {  // PyTorch's GELU kernel, as the per-op path
+      at::Tensor gate = at::from_blob(gu, {1, inter_}, at::kFloat);
+      at::Tensor up = at::from_blob(gu + inter_, {1, inter_}, at::kFloat);
+      at::mul_out(gate, at::gelu(gate, "tanh"), up);
+    } else if (l.act == GELU_TANH) {
+      for (int64_t i = 0; i < inter_; ++i) gu[i] = gelu_tanh(gu[i]) * gu[inter_ + i];
+    } else {
+      for (int64_t i = 0; i < inter_; ++i) {
+        const float gate = gu[i];
+        gu[i] = gate / (1.f + std::exp(-gate)) * gu[inter_ + i];
+      }
+    }
+    l.down.apply(gu, w.delta.data());
+    if (l.mlp_out_norm.defined()) norm(l, w.delta.data(), l.mlp_out_norm, w.delta.data(), 1, hidden_);
+    for (int64_t i = 0; i < hidden_; ++i) x[i] += w.delta[i];
+  }
+
   // `rows` rows of n through a layer's RMSNorm of weight w [n] (in place where y == x)
   void norm(const Layer& l, const float* x, const at::Tensor& w, float* y, int64_t rows, int64_t n) const {
     if (l.torch_norms) return rms_norm_as_torch(x, w.data_ptr<float>(), y, rows, n, eps_);
@@ -848,13 +962,12 @@ class DecoderStack {
 
   // The blocks the token reads in layer li by the stored index (select_index.h), its query heads
   // q [Hq, D] at their true position.
-  Selection index_selection(const float* q, size_t li, const at::Tensor& ks, const std::vector<at::Tensor>& index,
-                            int64_t index_tokens, int64_t pos, const Settings& s, double top_p,
-                            const block_index::BlockRotations* rotations) const {
-    const at::Tensor& codes = index[3 * li];
-    const at::Tensor& scales = index[3 * li + 1];
-    const at::Tensor& means = index[3 * li + 2];
-    const int64_t indexed = codes.numel() ? index_tokens : 0;
+  Selection index_selection(const float* q, size_t li, const StepInputs& in) const {
+    const Settings& s = in.s;
+    const at::Tensor& codes = in.index.codes[li];
+    const at::Tensor& scales = in.index.scales[li];
+    const at::Tensor& means = in.index.means[li];
+    const int64_t indexed = codes.numel() ? in.index.tokens : 0;
     TORCH_CHECK(indexed == 0 || (codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
                                  codes.size(1) >= indexed && scales.scalar_type() == at::kHalf &&
                                  scales.is_contiguous() && means.scalar_type() == at::kHalf &&
@@ -864,34 +977,30 @@ class DecoderStack {
         indexed ? codes.data_ptr<uint8_t>() : nullptr, indexed ? scales.data_ptr<c10::Half>() : nullptr,
         indexed ? means.data_ptr<c10::Half>() : nullptr, indexed ? codes.size(1) : 0,
         indexed ? means.size(1) : 0, indexed, s.block_size};
-    const block_index::Budget budget{s.block_size, s.topk, s.local_blocks, s.sink_blocks, top_p};
+    const block_index::Budget budget{s.block_size, s.topk, s.local_blocks, s.sink_blocks,
+                                     in.index.top_p.value_or(0.0)};
+    const block_index::BlockRotations* rotations = in.far_rotations ? &*in.far_rotations : nullptr;
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
+    const at::Tensor& ks = in.cache.keys[li];
     const int64_t cap = ks.size(1);
     block_index::Chosen chosen;
     switch (ks.scalar_type()) {
       case at::kHalf:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<at::Half>(), cap,
-                                              pos, budget, rotations);
+                                              in.pos, budget, rotations);
         break;
       case at::kBFloat16:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view,
-                                              ks.data_ptr<at::BFloat16>(), cap, pos, budget, rotations);
+                                              ks.data_ptr<at::BFloat16>(), cap, in.pos, budget, rotations);
         break;
       default:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<float>(), cap,
-                                              pos, budget, rotations);
+                                              in.pos, budget, rotations);
     }
     Selection sel;
     sel.blocks = chosen.blocks;
     sel.n_far = chosen.n_far;
     return sel;
-  }
-
-  static std::vector<int64_t> flatten(const Selection& shared, bool have) {
-    if (!have) return {};
-    std::vector<int64_t> out{shared.n_far};
-    out.insert(out.end(), shared.blocks.begin(), shared.blocks.end());
-    return out;
   }
 
   std::vector<Layer> layers_;
@@ -903,7 +1012,48 @@ class DecoderStack {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Settings>(m, "Settings")
+      .def(py::init<>())
+      .def_readwrite("sparse_from", &Settings::sparse_from)
+      .def_readwrite("bounded_from", &Settings::bounded_from)
+      .def_readwrite("block_size", &Settings::block_size)
+      .def_readwrite("topk", &Settings::topk)
+      .def_readwrite("local_blocks", &Settings::local_blocks)
+      .def_readwrite("sink_blocks", &Settings::sink_blocks)
+      .def_readwrite("selection_layer", &Settings::selection_layer)
+      .def_readwrite("windows", &Settings::windows)
+      .def_readwrite("softcap", &Settings::softcap);
+  py::class_<Cache>(m, "Cache")
+      .def(py::init<>())
+      .def_readwrite("keys", &Cache::keys)
+      .def_readwrite("values", &Cache::values)
+      .def_readwrite("key_scales", &Cache::key_scales)
+      .def_readwrite("value_scales", &Cache::value_scales)
+      .def_readwrite("summaries", &Cache::summaries)
+      .def_readwrite("absent", &Cache::absent);
+  py::class_<Index>(m, "Index")
+      .def(py::init<>())
+      .def_readwrite("codes", &Index::codes)
+      .def_readwrite("scales", &Index::scales)
+      .def_readwrite("means", &Index::means)
+      .def_readwrite("tokens", &Index::tokens)
+      .def_readwrite("top_p", &Index::top_p);
+  py::class_<Answer>(m, "Answer")
+      .def(py::init<>())
+      .def_readwrite("blocks", &Answer::blocks)
+      .def_readwrite("peak_weight", &Answer::peak_weight);
+  py::class_<Selection>(m, "Selection")
+      .def_readonly("blocks", &Selection::blocks)
+      .def_readonly("n_far", &Selection::n_far);
+  py::class_<StepResult>(m, "StepResult")
+      .def_readonly("stopped_at", &StepResult::stopped_at)
+      .def_readonly("missing", &StepResult::missing)
+      .def_readonly("shared", &StepResult::shared)
+      .def_readonly("followed", &StepResult::followed)
+      .def_readonly("copied", &StepResult::copied);
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<const std::vector<py::dict>&, int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
-      .def("step", &DecoderStack::step, py::call_guard<py::gil_scoped_release>());
+      .def("step", &DecoderStack::step, py::arg("x"), py::arg("cache"), py::arg("pos"), py::arg("cos"), py::arg("sin"),
+           py::arg("settings"), py::arg("index"), py::arg("answer"), py::arg("first_layer"), py::arg("shared"),
+           py::call_guard<py::gil_scoped_release>());
 }
