@@ -9,13 +9,12 @@ pooling), and the group reads its sink and local blocks and the best-scored bloc
 them: the plan's `index_topk` of them, or with its `top_p` the fewest whose share of the group's
 attention reaches it (kernels/block_index.py). Every KV head of a layer reads one set, the union
 of its groups' (the attention kernels read one set per step); a chunk's query block reads the
-union over its queries. None of Quest's rules for the question and the answer apply. Within the
-trained context the index scores far blocks at their true distances and they are read there
+union over its queries. None of Quest's rules for the question and the answer apply. The index
+scores far blocks at their true distances, and within the trained context they are read there
 (bounded_from at the trained context, as `--selection index` sets it): moved next to the
 question, single needles the index had found were answered wrong (benchmarks/README.md,
-"Selection fidelity"). Past it, where a query reads its far blocks back to back before its local
-window, the index scores each as though it were the one read next to the window
-(kernels/index_scores.py): by what it holds, at a distance the model knows.
+"Selection fidelity"). Scoring them where a bounded read puts them, past it, answered no better
+(benchmarks/README.md, "The stored index").
 
 It scores every indexed key once per query: a quarter of the keys' bytes.
 """
@@ -41,18 +40,9 @@ def index_log_probs(q: torch.Tensor, q_pos: torch.Tensor, ctx: ForwardContext, l
     own_block_start = (end - 1) // cache.block_size * cache.block_size
     codes, scales, means = cache.stored_index(layer, own_block_start)
     tail = cache.fetch(layer, codes.shape[1], end)[0]  # [Hkv, end - indexed, D]
-    moved = moved_before(q_pos, ctx.plan)
-    scored = index_scores.index_logits(q, codes, scales, means, cache.block_size, moved,
-                                       ctx.rope.inv_freq)  # fmt: skip
-    logits = torch.cat([scored, block_index.grouped_logits(q, tail)], dim=-1)
+    logits = torch.cat([index_scores.index_logits(q, codes, scales, means, cache.block_size),
+                        block_index.grouped_logits(q, tail)], dim=-1)  # fmt: skip
     return block_index.causal_log_softmax(logits * q.shape[-1] ** -0.5, q_pos)
-
-
-def moved_before(q_pos: torch.Tensor, plan) -> torch.Tensor:
-    """int64 [T]: for each query position, the first block of its local window where it reads its
-    far blocks at a bounded distance (they are scored as read there), else 0."""
-    window_first = (q_pos // plan.block_size - plan.local_blocks + 1).clamp(min=0)
-    return torch.where(q_pos >= plan.bounded_from, window_first, 0).long()
 
 
 def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:

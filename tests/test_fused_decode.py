@@ -85,7 +85,7 @@ SETTINGS = [
     AttentionSettings(
         mode="msa", topk=4, bounded_from=None, selection="index", top_p=0.6, kv_dtype="fp32"
     ),
-    # far blocks read back to back from position 170 on, and scored as read there
+    # far blocks read back to back from position 170 on
     AttentionSettings(mode="msa", topk=2, bounded_from=170, selection="index", kv_dtype="fp32"),
 ]
 

@@ -35,27 +35,15 @@ def _index_keys(keys, n_tokens, block):
     return torch.cat([block_index.index_keys(keys[:, :whole], 4, block), keys[:, whole:]], dim=1)
 
 
-def _turned(x, shift, inv_freq):
-    """x [..., D] rotated forward by `shift` positions (rotate-half RoPE as complex numbers)."""
-    half = inv_freq.numel()
-    z = torch.complex(x[..., :half].double(), x[..., half:].double())
-    z = z * torch.polar(torch.ones(half, dtype=torch.float64), shift * inv_freq)
-    return torch.cat([z.real, z.imag], -1).float()
-
-
-def _expected_blocks(q, keys, p, block, topk, top_p=None, moved_before=0, inv_freq=None):
+def _expected_blocks(q, keys, p, block, topk, top_p=None):
     """The blocks a query at p reads, by the definition: each KV group scores a block by the
     largest attention probability one of its heads gives a token there (under the index's
-    keys, `_index_keys`, each block before `moved_before` rotated forward to block
-    moved_before - 1); sink, local and the best candidates (or the fewest reaching top_p of the
-    group's mean attention), union over the groups."""
+    keys, `_index_keys`); sink, local and the best candidates (or the fewest reaching top_p of
+    the group's mean attention), union over the groups."""
     hq, d = q.shape
     hkv = keys.shape[0]
     group = hq // hkv
     keys = _index_keys(keys[:, : p + 1], p + 1, block)
-    for b in range(moved_before):
-        span = slice(b * block, (b + 1) * block)
-        keys[:, span] = _turned(keys[:, span], (moved_before - 1 - b) * block, inv_freq)
     own = p // block
     n_blocks = own + 1
     chosen = {0, own}
@@ -138,33 +126,3 @@ def test_a_decode_step_reads_the_blocks_its_definition_picks(top_p):
     if top_p is None:
         assert len(want_blocks) <= 2 + 3 * 2  # sink, own, top-k of each of the 2 groups
     assert not math.isnan(float(got.sum()))
-
-
-def test_a_bounded_step_scores_its_far_blocks_as_read_next_to_its_window():
-    """Past bounded_from, a key that matches the query only when it sits next to the local
-    window is found, as the definition (the index's keys so moved) picks."""
-    n_tokens, block = 300, 16
-    cache, rope, _, v = _cache(n_tokens, selection="index", topk=2, bounded_from=0)
-    keys = cache.k[0][:, :n_tokens].float()
-    window_first = (n_tokens - 1) // block  # one local block
-    q = torch.randn(4, 1, 16)
-    # head 0 matches token 100 (block 6) as read at block window_first - 1
-    q[0, 0] = _turned(keys[0, 100], (window_first - 1 - 100 // block) * block, rope.inv_freq) * 3
-    seen = []
-
-    class Observer:
-        def __call__(self, *args):
-            pass
-
-        def blocks_read(self, layer, q_start, count, idx):
-            seen.append(idx)
-
-    ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=Observer())
-    attend(q, keys, v, ctx, 0)
-    want = _expected_blocks(
-        q[:, 0], keys, n_tokens - 1, block, 2, None, window_first, rope.inv_freq
-    )
-    at_true = _expected_blocks(q[:, 0], keys, n_tokens - 1, block, 2)
-    assert 100 // block in want and 100 // block not in at_true
-    (idx,) = seen
-    assert idx[0].tolist() == want

@@ -7,12 +7,10 @@
 namespace {
 
 // q fp32 [Hq, T, D] contiguous; codes uint8 [Hkv, cap, D / 2], scales fp16 [Hkv, cap], means
-// fp16 [Hkv, cap / B, D], all contiguous; the first n_tokens (whole blocks) scored. moved_before:
-// int64 [T] or empty: query t's blocks before moved_before[t] scored as though read next to its
-// local window (index_logits.h's Moved), by RoPE's inv_freq (fp64 [half], half <= D / 2). Returns
+// fp16 [Hkv, cap / B, D], all contiguous; the first n_tokens (whole blocks) scored. Returns
 // fp32 [Hq, T, n_tokens]: q . k~ (unscaled) for every query against every indexed token.
 at::Tensor index_logits(at::Tensor q, at::Tensor codes, at::Tensor scales, at::Tensor means, int64_t n_tokens,
-                        int64_t block_size, at::Tensor moved_before, at::Tensor inv_freq) {
+                        int64_t block_size) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous fp32 [Hq, T, D]");
   const int64_t n_heads = q.size(0), n_queries = q.size(1), d = q.size(2);
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(2) * 2 == d,
@@ -26,28 +24,17 @@ at::Tensor index_logits(at::Tensor q, at::Tensor codes, at::Tensor scales, at::T
                   means.size(2) == d && means.size(1) * block_size >= n_tokens,
               "means must be contiguous fp16 [Hkv, >= n_tokens / B, D]");
   TORCH_CHECK(block_size > 0 && n_tokens % block_size == 0 && n_tokens <= cap, "n_tokens: whole blocks of the index");
-  const bool moves = moved_before.numel() > 0;
-  TORCH_CHECK(!moves || (moved_before.scalar_type() == at::kLong && moved_before.is_contiguous() &&
-                         moved_before.numel() == n_queries && inv_freq.scalar_type() == at::kDouble &&
-                         inv_freq.is_contiguous() && inv_freq.dim() == 1 && 2 * inv_freq.numel() <= d),
-              "moved_before must be int64 [T] with inv_freq fp64 [<= D / 2]");
-  const int64_t* before = moves ? moved_before.data_ptr<int64_t>() : nullptr;
-  const int64_t rows = moves ? *std::max_element(before, before + n_queries) : 0;
-  TORCH_CHECK(rows <= n_tokens / block_size, "moved_before: at most the indexed blocks");
-  const block_index::BlockRotations rotations =
-      rows > 0 ? block_index::BlockRotations(inv_freq.data_ptr<double>(), inv_freq.numel(), block_size, rows)
-               : block_index::BlockRotations();
   at::Tensor out = at::empty({n_heads, n_queries, n_tokens}, q.options());
   const block_index::IndexView view{codes.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(),
                                     means.data_ptr<c10::Half>(), cap, means.size(1), n_tokens, block_size};
   // one query position at a time: its heads as rows [Hq, D] (strided T * D apart in q)
-  std::vector<float> heads(static_cast<size_t>(n_heads * d));
+  std::vector<float> rows(static_cast<size_t>(n_heads * d));
   const float* qp = q.data_ptr<float>();
   for (int64_t t = 0; t < n_queries; ++t) {
     for (int64_t h = 0; h < n_heads; ++h)
-      std::copy(qp + (h * n_queries + t) * d, qp + (h * n_queries + t + 1) * d, heads.begin() + h * d);
-    block_index::index_logits(heads.data(), n_heads, n_kv_heads, d, view, out.data_ptr<float>() + t * n_tokens,
-                              n_queries * n_tokens, {moves ? before[t] : 0, &rotations});
+      std::copy(qp + (h * n_queries + t) * d, qp + (h * n_queries + t + 1) * d, rows.begin() + h * d);
+    block_index::index_logits(rows.data(), n_heads, n_kv_heads, d, view, out.data_ptr<float>() + t * n_tokens,
+                              n_queries * n_tokens);
   }
   return out;
 }

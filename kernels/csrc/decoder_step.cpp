@@ -689,8 +689,6 @@ struct StepInputs {
   bool int8;          // int8 K/V: the token's rows rounded to their grid, scales kept
   bool sparse;        // MSA in every layer without a window (pos >= sparse_from)
   bool by_index;      // MSA's selection by the stored index, not the summaries
-  // where the index scores far blocks at a bounded distance: RoPE's rotations by whole blocks
-  std::optional<block_index::BlockRotations> far_rotations;
 };
 
 // A step's working memory, sized once for its layers: h [hidden] a norm's output, qkv
@@ -799,12 +797,6 @@ class DecoderStack {
                       cache.absent.size(0) == static_cast<int64_t>(n_layers),
                   "absent must be bool [L, blocks]");
     }
-    // a token that reads its far blocks at a bounded distance has the index score them as read
-    // there (select_index.h): RoPE's rotations by whole blocks up to its local window, once a step
-    std::optional<block_index::BlockRotations> far_rotations;
-    if (by_index && sparse && pos >= s.bounded_from)
-      far_rotations.emplace(inv_freq_.data_ptr<double>(), d_ / 2, s.block_size,
-                            std::max<int64_t>(0, pos / s.block_size - s.local_blocks + 1));
     return {cache,
             s,
             index,
@@ -817,8 +809,7 @@ class DecoderStack {
             static_cast<float>(answer.peak_weight.value_or(2.0)),
             int8,
             sparse,
-            by_index,
-            std::move(far_rotations)};
+            by_index};
   }
 
   // Layer li's attention of the token, x += its output (through the layer's output norm where it
@@ -979,7 +970,6 @@ class DecoderStack {
         indexed ? means.size(1) : 0, indexed, s.block_size};
     const block_index::Budget budget{s.block_size, s.topk, s.local_blocks, s.sink_blocks,
                                      in.index.top_p.value_or(0.0)};
-    const block_index::BlockRotations* rotations = in.far_rotations ? &*in.far_rotations : nullptr;
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     const at::Tensor& ks = in.cache.keys[li];
     const int64_t cap = ks.size(1);
@@ -987,15 +977,15 @@ class DecoderStack {
     switch (ks.scalar_type()) {
       case at::kHalf:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<at::Half>(), cap,
-                                              in.pos, budget, rotations);
+                                              in.pos, budget);
         break;
       case at::kBFloat16:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view,
-                                              ks.data_ptr<at::BFloat16>(), cap, in.pos, budget, rotations);
+                                              ks.data_ptr<at::BFloat16>(), cap, in.pos, budget);
         break;
       default:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<float>(), cap,
-                                              in.pos, budget, rotations);
+                                              in.pos, budget);
     }
     Selection sel;
     sel.blocks = chosen.blocks;

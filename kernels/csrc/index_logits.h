@@ -49,15 +49,11 @@ struct QueryCodes {
   std::vector<int32_t> words;
   std::vector<float> step;
   std::vector<int32_t> offset;
-  std::vector<int8_t> codes;  // one head's, while they are made
 
-  QueryCodes(int64_t n_heads, int64_t d)
+  QueryCodes(const float* q, int64_t n_heads, int64_t d)
       : words(static_cast<size_t>(n_heads * d / 4)), step(static_cast<size_t>(n_heads)),
-        offset(static_cast<size_t>(n_heads)), codes(static_cast<size_t>(d)) {}
-  QueryCodes(const float* q, int64_t n_heads, int64_t d) : QueryCodes(n_heads, d) { set(q, n_heads, d); }
-
-  // The codes of q [n_heads, D].
-  void set(const float* q, int64_t n_heads, int64_t d) {
+        offset(static_cast<size_t>(n_heads)) {
+    std::vector<int8_t> codes(static_cast<size_t>(d));
     for (int64_t h = 0; h < n_heads; ++h) {
       float top = 0.f;
       for (int64_t c = 0; c < d; ++c) top = std::max(top, std::fabs(q[h * d + c]));
@@ -75,53 +71,6 @@ struct QueryCodes {
   int8_t value(int64_t h, int64_t d, int64_t c) const {
     return reinterpret_cast<const int8_t*>(words.data() + h * d / 4)[c];
   }
-};
-
-// RoPE's rotations by whole blocks: cos and sin [rows, half] of j * bs * inv_freq[i], row j
-// made from row j - 1 by one more block's rotation (in double precision).
-struct BlockRotations {
-  std::vector<float> cos, sin;
-  int64_t half = 0;
-
-  BlockRotations() = default;
-  BlockRotations(const double* inv_freq, int64_t half_, int64_t bs, int64_t rows)
-      : cos(static_cast<size_t>(rows * half_)), sin(cos.size()), half(half_) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(bs) * inv_freq[i], step_c = std::cos(a), step_s = std::sin(a);
-      double c = 1.0, sn = 0.0;
-      for (int64_t j = 0; j < rows; ++j) {
-        cos[j * half + i] = static_cast<float>(c);
-        sin[j * half + i] = static_cast<float>(sn);
-        const double next_c = c * step_c - sn * step_s;
-        sn = sn * step_c + c * step_s;
-        c = next_c;
-      }
-    }
-  }
-
-  // heads rows of q [D] rotated back by j blocks into out (rotate-half over the first 2 * half
-  // channels, the rest as they are).
-  void rotate_back(const float* q, int64_t heads, int64_t d, int64_t j, float* out) const {
-    const float* c = cos.data() + j * half;
-    const float* sn = sin.data() + j * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* x = q + h * d;
-      float* y = out + h * d;
-      for (int64_t i = 0; i < half; ++i) {
-        y[i] = x[i] * c[i] + x[i + half] * sn[i];
-        y[i + half] = x[i + half] * c[i] - x[i] * sn[i];
-      }
-      for (int64_t i = 2 * half; i < d; ++i) y[i] = x[i];
-    }
-  }
-};
-
-// A bounded query's far blocks (MSA.md: read back to back before its local window): every block
-// before `before` is scored as though it were the one read next to the window, block before - 1,
-// the query rotated back by the blocks between (kernels/index_scores.py defines it).
-struct Moved {
-  int64_t before = 0;
-  const BlockRotations* rotations = nullptr;
 };
 
 // dots[j * bs + t] = qi_h . u_t for the G heads h = kv * G + j and one block's tokens, one at a
@@ -183,44 +132,34 @@ inline void block_dots_vnni(const uint8_t* block, const QueryCodes& qc, int64_t 
 #endif
 
 // logits [Hq, n_tokens] (row stride `ld`) of the queries q [Hq, D] (fp32, D a multiple of 8)
-// against the index; with `moved`, a bounded query's far blocks scored where they are read.
+// against the index.
 inline void index_logits(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t d, const IndexView& index,
-                         float* logits, int64_t ld, const Moved& moved = {}) {
+                         float* logits, int64_t ld) {
   const int64_t g = n_heads / n_kv_heads, bs = index.block_size, n_blocks = index.n_tokens / bs;
   const QueryCodes qc(q, n_heads, d);
   at::parallel_for(0, n_kv_heads * n_blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<int32_t> dots(static_cast<size_t>(g * bs));
     std::vector<float> scale_buf(static_cast<size_t>(bs)), mean_buf(static_cast<size_t>(d));
-    std::vector<float> turned(static_cast<size_t>(g * d));  // a far block's queries, rotated
-    QueryCodes turned_codes(g, d);
     for (int64_t job = first; job < last; ++job) {
       const int64_t kv = job / n_blocks, b = job % n_blocks;
       const uint8_t* block = index.codes + (kv * index.cap + b * bs) * (d / 2);
-      // the group's queries and their codes: as given, or rotated for a moved block
-      const float* gq = q + kv * g * d;
-      const QueryCodes* codes = &qc;
-      int64_t first_head = kv * g;
-      if (b < moved.before) {
-        moved.rotations->rotate_back(gq, g, d, moved.before - 1 - b, turned.data());
-        turned_codes.set(turned.data(), g, d);
-        gq = turned.data(), codes = &turned_codes, first_head = 0;
-      }
 #ifdef MSA_INDEX_VNNI
       if (bs % 16 == 0)
-        block_dots_vnni(block, *codes, first_head / g, g, d, bs, dots.data());
+        block_dots_vnni(block, qc, kv, g, d, bs, dots.data());
       else
 #endif
-        block_dots_portable(block, *codes, first_head / g, g, d, bs, dots.data());
+        block_dots_portable(block, qc, kv, g, d, bs, dots.data());
       // the block's scales and mean widened once for its G heads (F16C where there is)
       const float* scales = kv_rows::widen(index.scales + kv * index.cap + b * bs, scale_buf.data(), bs);
       const float* mean = kv_rows::widen(index.means + (kv * index.cap_blocks + b) * d, mean_buf.data(), d);
       for (int64_t j = 0; j < g; ++j) {
+        const int64_t h = kv * g + j;
         float at_mean = 0.f;
-        for (int64_t c = 0; c < d; ++c) at_mean += gq[j * d + c] * mean[c];
-        const float step = codes->step[first_head + j];
-        const int32_t offset = codes->offset[first_head + j];
+        for (int64_t c = 0; c < d; ++c) at_mean += q[h * d + c] * mean[c];
+        const float step = qc.step[h];
+        const int32_t offset = qc.offset[h];
         const int32_t* dot = dots.data() + j * bs;
-        float* out = logits + (kv * g + j) * ld + b * bs;
+        float* out = logits + h * ld + b * bs;
         for (int64_t t = 0; t < bs; ++t) out[t] = step * scales[t] * static_cast<float>(dot[t] - offset) + at_mean;
       }
     }

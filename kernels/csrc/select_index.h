@@ -99,18 +99,15 @@ struct Chosen {
 
 // q [Hq, D] fp32 at its true position `pos` (after RoPE); keys: a layer's key store [Hkv, cap, D]
 // (fp32, fp16 or bf16); index: that layer's stored index, covering whole blocks before the
-// token's own; rotations: where the token reads its far blocks at a bounded distance, RoPE's
-// rotations by whole blocks up to its local window's first (they are scored as read there).
+// token's own.
 template <typename T>
 Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t d, float scale,
-                       const IndexView& index, const T* keys, int64_t cap, int64_t pos, const Budget& b,
-                       const BlockRotations* rotations = nullptr) {
+                       const IndexView& index, const T* keys, int64_t cap, int64_t pos, const Budget& b) {
   const int64_t n = pos + 1, g = n_heads / n_kv_heads, bs = b.block_size;
   const int64_t own = pos / bs, window_first = std::max<int64_t>(0, own - b.local_blocks + 1);
   const int64_t sink_end = std::min(b.sink_blocks, window_first), n_blocks = own + 1;
   std::vector<float> logits(static_cast<size_t>(n_heads * n));
-  const Moved moved{rotations != nullptr ? window_first : 0, rotations};
-  if (index.n_tokens > 0) index_logits(q, n_heads, n_kv_heads, d, index, logits.data(), n, moved);
+  if (index.n_tokens > 0) index_logits(q, n_heads, n_kv_heads, d, index, logits.data(), n);
   std::vector<float> buf(static_cast<size_t>(d));
   for (int64_t kv = 0; kv < n_kv_heads; ++kv)
     for (int64_t t = index.n_tokens; t < n; ++t) {  // the unindexed tail, as stored
