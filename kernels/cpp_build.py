@@ -111,12 +111,10 @@ class CppExtension:
         flags: two versions of the sources, such as two checkouts, or two flavours of one module
         that differ in a single -D flag, never rebuild over each other; the ninja that runs the
         build is no part of it)."""
-        from torch.utils.cpp_extension import get_default_build_root
-
         flags = [f for f in _cpu_flags() if f not in self.without]
         key = "\0".join([_compiler(), *flags])
         flags_digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or _default_build_root())
         python = f"py{sys.version_info.major}{sys.version_info.minor}"
         version = f"{python}-torch{torch.__version__.replace('+', '_')}-{_sources_digest()}"
         return self.name, flags, root / f"{self.name}-{version}-{flags_digest}"
@@ -182,6 +180,15 @@ class CppExtension:
         stamp.write_text(f"{_compiler()}\n{' '.join(flags)}\n")
         stamp.replace(folder / BUILT_STAMP)
         return module
+
+
+def _default_build_root() -> str:
+    """PyTorch's extension folder, as torch.utils.cpp_extension.get_default_build_root says
+    (test_cpp_build.py holds them equal): importing that module imports setuptools, a quarter
+    of a second of every start that loads a built module, so only a build imports it."""
+    import torch._appdirs
+
+    return os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions"))
 
 
 def _import(name: str, library: Path):

@@ -23,6 +23,8 @@ from torch import nn
 
 # the tensors of one projection that are laid out by output row (floating or quantized)
 _ROW_TENSORS = ("weight", "scales", "mins", "bias")
+# a fused projection's tensor in a state: its weight, or an int4 layer's in kernel form
+_FUSED_MARKS = ("weight", "packed")
 
 
 def _fusable(model: nn.Module):
@@ -39,12 +41,13 @@ def fuse_projections(model: nn.Module, state: dict[str, torch.Tensor] | None = N
     """Replace each fusable group of `nn.Linear` projections by one; returns the groups fused.
 
     Groups holding anything else (already quantized modules) are left as they are; with
-    `state` (from `fuse_state`), so are the groups it kept separate.
+    `state` (from `fuse_state`, or int4 layers in kernel form, kernel_copy.py, fused when kept),
+    so are the groups it kept separate.
     """
     count = 0
     for name, module, fused, parts in list(_fusable(model)):
         prefix = f"{name}." if name else ""
-        if state is not None and f"{prefix}{fused}.weight" not in state:
+        if state is not None and not any(f"{prefix}{fused}.{k}" in state for k in _FUSED_MARKS):
             continue
         linears = [getattr(module, p) for p in parts]
         if not all(type(m) is nn.Linear for m in linears):

@@ -36,6 +36,7 @@ from .gguf_tensors import (
     tensor_index,
 )
 from .gguf_vocab import vocab_from_metadata
+from .kernel_copy import KernelCopy
 from .tokenizer import ChatTemplate, TextTokenizer
 
 CONVERTED_FORMAT = 5  # 4: no weights copy; meta.json has the tensor index, the HF config
@@ -115,7 +116,12 @@ def _digest(parts: list[Path], memo: Path | None) -> str:
 
 
 def load_gguf(
-    path: Path, converted_root: Path | None, *, name: str | None = None, quant: str | None = None
+    path: Path,
+    converted_root: Path | None,
+    *,
+    name: str | None = None,
+    quant: str | None = None,
+    kernel_copy: bool = False,
 ) -> Checkpoint:
     """Load a GGUF model (one file, or the first part of a split one: gguf_split.py), its
     tokenizer and tensor index through a converted copy under `converted_root` when one is
@@ -123,7 +129,10 @@ def load_gguf(
     None (as stored: Q4_K/Q6_K/Q5_0/Q8_0 in their blocks, Q4_0/Q4_1 int4, other quantized
     types int8, floats as floats), "int8", "int4" or "none" (floating point).
     `meta["quantization"]` of the checkpoint names the result (gguf_tensors.quantization_label:
-    "Q4_K+Q5_0+Q6_K+Q8_0", "int4", "int4+int8"... or None)."""
+    "Q4_K+Q5_0+Q6_K+Q8_0", "int4", "int4+int8"... or None). With `kernel_copy` and a converted
+    copy, the int4 layers come in kernel form from their kept copy when it matches
+    (kernel_copy.py), and `meta["kernel_copy"]` is that KernelCopy, to `keep` the built model's
+    when it did not; fused models only (the copy holds fused layers)."""
     import tempfile
 
     path = Path(path)
@@ -154,7 +163,12 @@ def load_gguf(
         index = index_from_json(meta["tensors"])
         check_types(index)
         copy = None if tmp is not None else out / INT8_COPY
-        weights = gguf_state(parts, index, config, meta["architecture"], quant, copy)
+        kernels = KernelCopy.open(out, digest, quant) if kernel_copy and tmp is None else None
+        kept = kernels.tensors if kernels is not None else None
+        weights = gguf_state(
+            parts, index, config, meta["architecture"], quant, copy, int4_kept=kept is not None
+        )
+        weights |= kept or {}
         template = ChatTemplate.from_meta(meta)
         tokenizer = TextTokenizer.from_file(out / "tokenizer.json", template, meta["eos_ids"])
         return Checkpoint(
@@ -164,7 +178,7 @@ def load_gguf(
             tokenizer=tokenizer,
             digest=digest,
             source=str(path),
-            meta={"quantization": quantization_label(weights)},
+            meta={"quantization": quantization_label(weights), "kernel_copy": kernels},
         )
     finally:
         if tmp is not None:

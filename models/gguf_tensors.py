@@ -28,6 +28,7 @@ from .errors import DiskError, ModelError
 from .gguf_blocks import BLOCKS, FLOAT_TYPES, INT4_TYPES, to_float, to_int4, to_int8
 from .gguf_header import GgufHeader
 from .gguf_names import CONFIG_TENSORS, our_name, split_fused_rows, undo_norm_shift, unpermute_rows
+from .quantize import quantized_form
 
 FLOAT = "none"  # the mode that asks for floating-point weights whatever the file stores
 HEAD = "lm_head"
@@ -159,24 +160,41 @@ def gguf_state(
     arch: str,
     mode: str | None = None,
     int8_copy: Path | None = None,
+    *,
+    int4_kept: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The weights of the GGUF in `paths` (its parts, gguf_split.py) by our names, for `mode`:
     None (as stored), "int8", "int4" or FLOAT. Quantized modules get `.weight/.scales[/.mins]`
-    (quantize.py). Int8 roundings are read from, and kept in, `int8_copy` if given (Int8Copy)."""
+    (quantize.py). Int8 roundings are read from, and kept in, `int8_copy` if given (Int8Copy).
+    `int4_kept`: the layers that become int4 are left out, weights and biases (the caller has
+    them in kernel form: kernel_copy.py)."""
     int8 = Int8Copy(int8_copy, sum(p.stat().st_size for p in paths))
     mapped = [_map(p) for p in paths]
+    left_out = _int4_layers(index, arch, mode) if int4_kept else set()
     state = {}
     for t in index:
-        if t.name in CONFIG_TENSORS:
+        if t.name in CONFIG_TENSORS or t.name.rpartition(".")[0] in left_out:
             continue
         raw = np.frombuffer(mapped[t.part], dtype=np.uint8, count=t.n_bytes, offset=t.offset)
-        state |= _tensor_state(t, raw, config, arch, mode, int8)
+        state |= _tensor_state(t, raw, config, arch, mode, int8, int4_kept)
         if not t.name.startswith("token_embd.") and _target("", t, mode) != "ggml":
             # converted: its pages leave the RSS
             start = t.offset - t.offset % mmap.PAGESIZE
             mapped[t.part].madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
     int8.save()
     return state
+
+
+def _int4_layers(index: list[TensorInfo], arch: str, mode: str | None) -> set[str]:
+    """The GGUF's layers (`blk.0.attn_q`) whose weights become int4 layers (the embedding, which
+    a tied head reads too, is not one: it stays)."""
+    return {
+        t.name.rpartition(".")[0]
+        for t in index
+        if len(t.shape) == 2
+        and not t.name.startswith("token_embd.")
+        and _target(our_name(t.name, arch).rpartition(".")[0], t, mode) == "int4"
+    }
 
 
 def _map(path: Path) -> mmap.mmap:
@@ -207,7 +225,9 @@ def _row_ids(name: str, n_rows: int, config, arch: str) -> dict:
     return {} if (ids == np.arange(n_rows)).all() else {"row_ids": torch.from_numpy(ids.copy())}
 
 
-def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy) -> dict:
+def _tensor_state(
+    t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8: Int8Copy, int4_kept: bool
+) -> dict:
     name = our_name(t.name, arch)
     module, _, suffix = name.rpartition(".")
     n_rows, n_cols = t.rows_cols
@@ -223,7 +243,7 @@ def _tensor_state(t: TensorInfo, raw: np.ndarray, config, arch: str, mode, int8:
         head = _target(HEAD, t, mode)
         if config.tie_word_embeddings and head == "ggml":  # the same blocks
             state |= {f"{HEAD}.blocks": blocks, f"{HEAD}.ggml_type": _ggml_type(t)}
-        elif config.tie_word_embeddings and head != "float":
+        elif config.tie_word_embeddings and head != "float" and not (int4_kept and head == "int4"):
             state |= {f"{HEAD}.{k}": v for k, v in _convert(t, raw, head, int8).items()}
         return state
     target = _target(module, t, mode)
@@ -250,10 +270,10 @@ def quantization_label(state: dict[str, torch.Tensor]) -> str | None:
         module, _, suffix = k.rpartition(".")
         if module in (HEAD, "embed_tokens"):
             continue
-        if suffix == "scales":
-            kinds.add("int4" if f"{module}.mins" in state else "int8")
+        if suffix in ("scales", "packed"):
+            kinds.add(quantized_form(state, module))
         elif suffix == "ggml_type":
             kinds.add(GGMLQuantizationType(int(v)).name)
     if not kinds:
-        return "int8" if f"{HEAD}.scales" in state else None
+        return "int8" if quantized_form(state, HEAD) else None
     return "+".join(sorted(kinds))

@@ -27,6 +27,7 @@ from .quantize import (
     Int4Linear,
     is_quantized_state,
     quantize_state,
+    quantized_form,
     swap_for_state,
 )
 from .quantized_embedding import swap_embedding_for_state
@@ -113,9 +114,10 @@ def _build_quantized(
     )
     for m in int4:
         m.keep_prefill_copy = copy_dtype
-    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".scales", ".blocks"))}
+    modules = {k.rsplit(".", 1)[0] for k in state}
+    quantized = {m for m in modules if quantized_form(state, m) or f"{m}.blocks" in state}
     state = {k: v if k.rsplit(".", 1)[0] in quantized else v.to(dtype) for k, v in state.items()}
-    own_head = "lm_head.scales" in state or "lm_head.blocks" in state  # quantized on its own
+    own_head = "lm_head" in quantized  # quantized on its own
     if not own_head and ckpt.config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     result = model.load_state_dict(state, strict=False, assign=True)
@@ -178,6 +180,7 @@ def load_model(
         quantized_root=quantized_root,
         registered=registered,
         quant=quant,
+        kernel_copy=fuse,
     )
     to_quantize = None
     if src.format in ("quantized", "gguf"):  # weights read in their final form
@@ -187,6 +190,8 @@ def load_model(
     else:
         to_quantize = quant
     model = build_model(ckpt, DTYPES[compute], quant=to_quantize, fuse=fuse)
+    if (kernels := ckpt.meta.get("kernel_copy")) is not None:
+        kernels.keep(model)  # the int4 layers in kernel form, for the next load (kernel_copy.py)
     products = choose_prefill_products(model, dtype_name)
     model.bf16_attention = products != EXACT and attention_bf16.serves(model.config.head_dim)
     # the prefix cache keys on the digest: K/V prefilled from other products differ
@@ -218,16 +223,20 @@ def load_checkpoint(
     quantized_root: Path | None = None,
     registered: dict[str, Path] | None = None,
     quant: str | None = None,
+    kernel_copy: bool = False,
 ):
     """(ModelSource, Checkpoint) of `spec`, its weights read for quantization `quant` (None: as
-    stored; `FLOAT`: floating point)."""
+    stored; `FLOAT`: floating point); `kernel_copy`: a GGUF's int4 layers may come in kernel
+    form, kept from an earlier load (gguf_loader.load_gguf)."""
     if quant is not None and quant not in (*MODES, FLOAT):
         raise ModelError(
             f"quantization must be one of {', '.join(MODES)} or {FLOAT}, not {quant!r}"
         )
     src = resolve(spec, quantized_root=quantized_root, registered=registered)
     if src.format == "gguf":
-        return src, load_gguf(src.path, converted_root, name=src.name, quant=quant)
+        return src, load_gguf(
+            src.path, converted_root, name=src.name, quant=quant, kernel_copy=kernel_copy
+        )
     if src.format == "quantized":
         from .quantized_copy import load_quantized_copy
 

@@ -41,10 +41,14 @@ def prefill_copy_dtype(n_int4_weights: int) -> torch.dtype | None:
 
 def prefill_copies(model: nn.Module) -> str | None:
     """The dtype of the int4 layers' prefill copies ("bf16", "fp32"), None if they keep none."""
-    names = {v: k for k, v in PREFILL_COPY_DTYPES.items() if v is not None}
     kept = {
         m.prefill_weight.dtype
         for m in model.modules()
         if getattr(m, "prefill_weight", None) is not None
     }
-    return names[kept.pop()] if kept else None
+    return copy_name(kept.pop()) if kept else None
+
+
+def copy_name(dtype: torch.dtype | None) -> str | None:
+    """A prefill copy's dtype in a word ("bf16", "fp32"), None for none."""
+    return {v: k for k, v in PREFILL_COPY_DTYPES.items() if v is not None}.get(dtype)

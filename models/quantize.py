@@ -81,7 +81,8 @@ class Int4Linear(nn.Module):
     kernel layout: `packed` [N, K/2] uint8 and `scales_zeros` [K/g, N, 2] (6 bits a weight).
     With `keep_prefill_copy` set to a dtype before loading (prefill_copy.py says which), it also
     keeps the dequantized weights in that dtype (`prefill_weight`, [N, K]) for inputs of more
-    than PREFILL_ROWS rows, which then multiply in that dtype."""
+    than PREFILL_ROWS rows, which then multiply in that dtype. It also takes those tensors as
+    they are (`packed`, `scales_zeros`, [`prefill_weight`]: a kept copy, kernel_copy.py)."""
 
     def __init__(
         self,
@@ -99,6 +100,8 @@ class Int4Linear(nn.Module):
         self.prefill_weight: torch.Tensor | None = None
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
+        if prefix + "packed" in state_dict:
+            return self._load_kernel_form(state_dict, prefix)
         names = [prefix + k for k in ("weight", "scales", "mins")]
         if not all(n in state_dict for n in names):
             return super()._load_from_state_dict(state_dict, prefix, *args)
@@ -114,6 +117,20 @@ class Int4Linear(nn.Module):
         )
         if self.keep_prefill_copy is not None:
             self.prefill_weight = dequantize_int4_values(q, scales, mins).to(self.keep_prefill_copy)
+
+    def _load_kernel_form(self, state_dict, prefix):
+        """`packed`, `scales_zeros`, [`bias`, `prefill_weight`] as the portable state makes them."""
+        copy = state_dict.get(prefix + "prefill_weight")
+        if (copy.dtype if copy is not None else None) != self.keep_prefill_copy:
+            raise ValueError(
+                f"{prefix}prefill_weight is {copy.dtype if copy is not None else 'absent'}, "
+                f"but the layer keeps a {self.keep_prefill_copy} copy"
+            )
+        self.packed = state_dict[prefix + "packed"]
+        self.scales_zeros = state_dict[prefix + "scales_zeros"]
+        self.prefill_weight = copy
+        if self.bias is not None:
+            self.bias = state_dict[prefix + "bias"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [M, K]
@@ -148,8 +165,9 @@ def quantization_plan(
 
 
 def is_quantized_state(state: dict[str, torch.Tensor]) -> bool:
-    """Whether `state` holds quantized Linear weights (a `.scales` tensor beside a `.weight`)."""
-    return any(k.endswith(".scales") for k in state)
+    """Whether `state` holds quantized Linear weights (a `.scales` tensor beside a `.weight`, or
+    an int4 layer in kernel form)."""
+    return any(k.endswith((".scales", ".packed")) for k in state)
 
 
 def _check_mode(mode: str) -> None:
@@ -228,17 +246,32 @@ def swap_linears(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_SI
     return list(plan)
 
 
+def quantized_form(state: dict[str, torch.Tensor], name: str) -> str | None:
+    """How the Linear `name` is quantized in `state`: "int4" (`scales` and `mins`, or the
+    kernel form's `packed`: Int4Linear), "int8" (`scales` alone) or None (not quantized)."""
+    if f"{name}.packed" in state or (f"{name}.scales" in state and f"{name}.mins" in state):
+        return "int4"
+    return "int8" if f"{name}.scales" in state else None
+
+
+def _int4_group_size(state: dict[str, torch.Tensor], name: str, in_features: int) -> int:
+    if f"{name}.packed" in state:  # scales_zeros [K/g, N, 2]
+        return in_features // state[f"{name}.scales_zeros"].shape[0]
+    return in_features // state[f"{name}.scales"].shape[1]  # scales [N, K/g]
+
+
 def swap_for_state(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
-    """Step 2 for a state read back from a file: each Linear with `scales` in `state` becomes
-    Int4Linear if it also has `mins` (group size from the scales' shape), else Int8Linear; with
-    a bias if `state` has one."""
+    """Step 2 for a state read back from a file: each Linear quantized in `state`
+    (`quantized_form`) becomes Int4Linear (group size from the scales' shape) or Int8Linear;
+    with a bias if `state` has one."""
     names = []
     for name, m in list(model.named_modules()):
-        if not isinstance(m, nn.Linear) or f"{name}.scales" not in state:
+        form = quantized_form(state, name) if isinstance(m, nn.Linear) else None
+        if form is None:
             continue
         bias = m.bias is not None
-        if f"{name}.mins" in state:
-            group_size = m.in_features // state[f"{name}.scales"].shape[1]
+        if form == "int4":
+            group_size = _int4_group_size(state, name, m.in_features)
             _replace(model, name, Int4Linear(m.in_features, m.out_features, group_size, bias))
         else:
             _replace(model, name, Int8Linear(m.in_features, m.out_features, bias))

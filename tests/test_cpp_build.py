@@ -142,3 +142,21 @@ def test_a_build_says_so_once_and_its_seconds_are_counted(monkeypatch, tmp_path,
     assert again.load() is not None, again.error
     assert builds == [real.name]
     assert capfd.readouterr().err == ""
+
+
+def test_a_built_module_loads_without_the_extension_builder():
+    """torch.utils.cpp_extension imports setuptools (a quarter of a second of every start): a
+    module already built loads without it, from the folder that builder names."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    from msa.kernels.cpp_build import _default_build_root
+
+    assert _default_build_root() == get_default_build_root()
+    if ggml_blocks._EXTENSION.load() is None:
+        pytest.skip(f"no C++ build on this machine: {ggml_blocks._EXTENSION.error}")
+    code = LOAD + "; import sys; print('torch.utils.cpp_extension' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None", "False"]

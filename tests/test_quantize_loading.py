@@ -4,7 +4,9 @@ projections, `msa quantize` copies, --quant and --dtype. Tiny random GGUF models
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,8 +15,10 @@ from tiny_checkpoints import random_llama_weights, write_tiny_gguf
 from typer.testing import CliRunner
 
 from msa.app import app
-from msa.models import ModelConfig
+from msa.models import ModelConfig, kernel_copy
+from msa.models.digests import file_digest
 from msa.models.loading import load_model
+from msa.models.prefill_copy import prefill_copies
 from msa.models.quantize import (
     Int4Linear,
     Int8Linear,
@@ -113,8 +117,9 @@ def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
 
     first = load_model(str(q4_gguf), converted_root=tmp_path / "converted")
     (kept,) = [p for p in (tmp_path / "converted").iterdir() if p.name != "digests"]
-    names = ["int8.safetensors", "meta.json", "tokenizer.json"]
+    names = ["int4-kernels.pt", "int8.safetensors", "meta.json", "tokenizer.json"]
     assert sorted(p.name for p in kept.iterdir()) == names
+    names.pop(0)  # the int4 layers in kernel form: the tests below
     assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1  # the head's rows, 1 byte each
     monkeypatch.setattr(loader, "read_model_header", lambda *a: pytest.fail("parsed it again"))
     monkeypatch.setattr(blocks, "quantize_int8", lambda *a: pytest.fail("rounded again"))
@@ -124,6 +129,100 @@ def test_later_loads_read_the_weights_from_the_gguf_without_parsing_it(
     monkeypatch.undo()
     load_model(str(q4_gguf), converted_root=tmp_path / "converted", quant="int8")
     assert (kept / names[0]).stat().st_size < 262 * 192 * 1.1
+
+
+def biased_q4_gguf(path, seed: int = 0):
+    """A tiny Q4_1 GGUF whose attention projections have biases (kept with the int4 layers)."""
+    config = dataclasses.replace(tiny_config(), attention_bias=True)
+    write_tiny_gguf(path, config, random_llama_weights(config, seed), qtype="Q4_1")
+    return path
+
+
+def int4_tensors(loaded) -> dict[str, torch.Tensor]:
+    """Every tensor the int4 layers compute from, by name."""
+    return {
+        f"{name}.{kind}": getattr(m, kind)
+        for name, m in loaded.model.named_modules()
+        if isinstance(m, Int4Linear)
+        for kind in ("packed", "scales_zeros", "prefill_weight", "bias")
+        if getattr(m, kind) is not None
+    }
+
+
+def outputs(loaded) -> list[torch.Tensor]:
+    """Logits of 8 tokens (the int4 kernel's rows), of a 40-token chunk (the prefill copy's),
+    and of two decode steps after it (the fused step)."""
+    chunk = list(range(3, 243, 6))
+    cache = loaded.model.new_cache()
+    out = [logits(loaded), loaded.model(torch.tensor(chunk), cache, all_logits=True)]
+    return out + [loaded.model(torch.tensor([t]), cache) for t in (4, 77)]
+
+
+def assert_same(a, b) -> None:
+    assert a.digest == b.digest and a.weights == b.weights
+    assert all(torch.equal(x, y) for x, y in zip(outputs(a), outputs(b), strict=True))
+
+
+def identity_of(copy_file) -> dict:
+    return json.loads(torch.load(copy_file, mmap=True, weights_only=True)[kernel_copy.IDENTITY])
+
+
+def test_later_loads_map_the_int4_layers_in_kernel_form(tmp_path, monkeypatch):
+    """The first load keeps its int4 layers as their kernels take them (kernel_copy.py); the next
+    reads none of the GGUF's int4 tensors, repacks nothing, and holds the same tensors bit for
+    bit, so it computes the same logits as a load that converts everything."""
+    import msa.models.gguf_tensors as gguf_tensors
+    import msa.models.quantize as quantize
+
+    path = biased_q4_gguf(tmp_path / "biased.gguf")
+    root = tmp_path / "converted"
+    first = load_model(str(path), converted_root=root)
+    (copy_file,) = root.glob(f"*/{kernel_copy.FILE}")
+    assert identity_of(copy_file)["weights"] == file_digest(path)
+    for module, name in ((gguf_tensors, "to_int4"), (quantize, "unpack_int4")):
+        monkeypatch.setattr(module, name, lambda *a, n=name: pytest.fail(f"{n} ran again"))
+    second = load_model(str(path), converted_root=root)
+    monkeypatch.undo()
+    kept, made = int4_tensors(second), int4_tensors(first)
+    assert kept.keys() == made.keys() and any(k.endswith("qkv_proj.bias") for k in kept)
+    assert all(kept[k].dtype == made[k].dtype and torch.equal(kept[k], made[k]) for k in kept)
+    assert_same(second, first)
+    assert_same(second, load_model(str(path), converted_root=None))  # nothing kept at all
+
+
+def test_a_kernel_copy_is_refused_unless_these_weights_made_it(tmp_path, monkeypatch):
+    """A kept copy made from other weights, damaged, or with another prefill copy or --quant is
+    not used: the load converts the GGUF's blocks, computes what a load without any copy does,
+    and writes its own copy over it."""
+    root = tmp_path / "converted"
+    other = biased_q4_gguf(tmp_path / "other.gguf", seed=1)
+    load_model(str(other), converted_root=root)
+    path = biased_q4_gguf(tmp_path / "this.gguf")
+    cold = load_model(str(path), converted_root=None)
+    (copy_file,) = root.glob(f"*/{kernel_copy.FILE}")
+    shutil.copy(copy_file, tmp_path / "other-copy.pt")
+    load_model(str(path), converted_root=root)
+    (ours,) = [f for f in root.glob(f"*/{kernel_copy.FILE}") if f != copy_file]
+
+    shutil.copy(tmp_path / "other-copy.pt", ours)  # another file's int4 layers
+    assert_same(load_model(str(path), converted_root=root), cold)
+    assert identity_of(ours)["weights"] == file_digest(path)  # written again, for these weights
+    ours.write_bytes(ours.read_bytes()[: ours.stat().st_size // 2])  # damaged
+    assert_same(load_model(str(path), converted_root=root), cold)
+    assert identity_of(ours)["weights"] == file_digest(path)
+
+    kept = identity_of(ours)["prefill_copy"]
+    other_copy = "none" if kept else "fp32"
+    monkeypatch.setenv("MSA_PREFILL_COPY", other_copy)
+    again = load_model(str(path), converted_root=root)
+    assert (prefill_copies(again.model) or "none") == other_copy
+    assert_same(again, load_model(str(path), converted_root=None))
+    assert identity_of(ours)["prefill_copy"] == (None if other_copy == "none" else other_copy)
+    monkeypatch.delenv("MSA_PREFILL_COPY")
+
+    requantized = load_model(str(path), converted_root=root, quant="int4")
+    assert identity_of(ours)["quant"] == "int4"
+    assert_same(requantized, load_model(str(path), converted_root=None, quant="int4"))
 
 
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])
