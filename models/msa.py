@@ -78,9 +78,11 @@ def chunk_attend(
         q_true = q[:, :n_true]
         idx = _chosen(q_true, q_start, ctx, layer, found)
         ctx.read_blocks(layer, q_start, n_true, idx)
-        if ctx.bf16_attention:
-            parts.append(_gathered(q_true, q_start, keys, values, idx, plan, None, bf16=True))
-        else:
+        if keys.device.type == "cpu":  # PyTorch's fused attention over the gathered tokens
+            parts.append(
+                _gathered(q_true, q_start, keys, values, idx, plan, None, ctx.bf16_attention)
+            )
+        else:  # the Triton kernel reads the selected blocks in place
             parts.append(_sparse(q_true, q_start, keys, values, idx, plan.block_size))
     if n_true < tq:
         q_moved = q[:, n_true:]

@@ -182,3 +182,38 @@ def test_rope_angles_stay_exact_far_past_the_table():
     for start in (0, rope.span - 3, 5 * rope.span):  # the range the model asks for each chunk
         got, want = rope.cos_sin_range(start, 6), rope.cos_sin(torch.arange(start, start + 6))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("selection", ["quest", "index"])
+def test_a_chunk_at_true_positions_reads_exactly_its_blocks(selection):
+    """A chunk of sparse queries at true positions, some blocks left out: each query reads the
+    tokens of its query block's selection, as stored, up to itself (the kernels' definition:
+    dense attention masked to them)."""
+    from test_msa_decode import _cache
+
+    from msa.kernels.sparse_prefill import sparse_prefill_reference
+    from msa.models.attention import attend
+    from msa.models.forward import ForwardContext
+
+    n_tokens, start, block = 300, 230, 16
+    cache, rope, _, v = _cache(n_tokens, selection=selection, topk=2, bounded_from=10**9)
+    keys = cache.k[0][:, :n_tokens].float()
+    q = torch.randn(4, n_tokens - start, 16)
+    seen = []
+
+    class Observer:
+        def __call__(self, *args):
+            pass
+
+        def blocks_read(self, layer, q_start, count, idx):
+            seen.append(idx)
+
+    question = start if selection == "index" else None  # the index selects for a question
+    ctx = ForwardContext.open(cache, rope, start, n_tokens - start, question_from=question,
+                              observer=Observer())  # fmt: skip
+    got = attend(q, keys, v, ctx, 0)
+    (idx,) = seen
+    before = torch.arange(start // block, (n_tokens - 1) // block + 1) + 1  # up to its own
+    assert bool(((idx >= 0).sum(-1) < before).any())  # blocks were left out
+    want, _ = sparse_prefill_reference(q, start, keys, v, idx, block, 16**-0.5)
+    assert_close(got, want, atol=1e-5, rtol=1e-4)
