@@ -22,7 +22,6 @@ from .llama import Transformer
 from .msa_defaults import calibration_path, read_calibration
 from .prefill_copy import prefill_copies, prefill_copy_dtype
 from .quantize import (
-    DEFAULT_GROUP_SIZE,
     MODES,
     Int4Linear,
     is_quantized_state,
@@ -252,37 +251,6 @@ def load_checkpoint(
             )
         return src, ckpt
     return src, load_hf_dir(src.path, name=src.name, digest_memo=memo_dir(converted_root))
-
-
-def write_quantized(
-    spec: str,
-    mode: str,
-    *,
-    quantized_root: Path,
-    converted_root: Path | None = None,
-    registered: dict[str, Path] | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-) -> Path:
-    """Quantize `spec`'s weights to `mode` and write them as the copy `<name>-<mode>` under
-    `quantized_root` (a GGUF's Q4_0/Q4_1/Q4_K blocks go into int4 as they are); returns its
-    folder."""
-    from .quantized_copy import write_quantized_copy
-
-    src, ckpt = load_checkpoint(
-        spec,
-        converted_root=converted_root,
-        quantized_root=quantized_root,
-        registered=registered,
-        quant=mode,
-    )
-    if src.format == "quantized":
-        raise ModelError(
-            f"{src.name} is a quantized copy already; quantize its base model {ckpt.meta['base']}"
-        )
-    with torch.device("meta"):
-        skeleton = model_class(ckpt.config.architecture)(ckpt.config)
-    state = quantize_state(skeleton, ckpt.weights, mode, group_size)
-    return write_quantized_copy(quantized_root, src.name, ckpt, state, mode, group_size)
 
 
 def _return_free_memory() -> None:

@@ -9,8 +9,8 @@
    `Int4Linear`, which then take the state dict and multiply with PyTorch's own CPU kernels
    (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) without dequantizing.
 
-`quantize_model` does both. `save_quantized` writes the state dict as safetensors with the
-mode and group size in the file's metadata; `load_quantized` reads them back from there.
+`quantize_model` does both. quantized_copy.py's `save_quantized` writes the state dict as
+safetensors with the mode and group size in the file's metadata; `load_quantized` reads them back.
 Embeddings, norms and MoE routers stay in floating point.
 """
 
@@ -154,7 +154,7 @@ def quantization_plan(
     multiple of the group, output not of 16) get int8: the head turns every hidden state into
     logits, and int4 there costs the embedded model 0.8 of perplexity (llama.cpp's 4-bit files
     keep it at 6 to 8 bits too)."""
-    _check_mode(mode)
+    check_mode(mode)
     plan = {}
     for name, m in model.named_modules():
         if not isinstance(m, nn.Linear) or name.endswith(".gate"):
@@ -170,7 +170,7 @@ def is_quantized_state(state: dict[str, torch.Tensor]) -> bool:
     return any(k.endswith((".scales", ".packed")) for k in state)
 
 
-def _check_mode(mode: str) -> None:
+def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"quantization mode must be one of {', '.join(MODES)}, not {mode!r}")
 
@@ -285,28 +285,6 @@ def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_
     swap_linears(model, mode, group_size)
     model.load_state_dict(state, strict=False)  # the other weights stay as they are
     return model
-
-
-def save_quantized(
-    path, state: dict[str, torch.Tensor], mode: str, group_size: int = DEFAULT_GROUP_SIZE
-) -> None:
-    from safetensors.torch import save_file
-
-    _check_mode(mode)
-    meta = {"msa.quantization": mode, "msa.group_size": str(group_size if mode == "int4" else 0)}
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata=meta)
-
-
-def load_quantized(path) -> tuple[dict[str, torch.Tensor], str, int]:
-    """(state, mode, group size) of a file written by `save_quantized`."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get("msa.quantization") not in MODES:
-        raise ValueError(f"{path} records no quantization mode in its metadata")
-    return state, meta["msa.quantization"], int(meta["msa.group_size"])
 
 
 def reference_linear(

@@ -26,7 +26,7 @@ from .checkpoint import Checkpoint
 from .disk_space import check_free_space
 from .errors import DiskError, ModelError, disk_error
 from .private_files import FILE_MODE, private_dir, tighten
-from .quantize import DEFAULT_GROUP_SIZE, load_quantized, save_quantized
+from .quantize import DEFAULT_GROUP_SIZE, MODES, check_mode
 from .tokenizer import ChatTemplate, TextTokenizer
 
 FORMAT = 1
@@ -121,3 +121,25 @@ def load_quantized_copy(folder: Path) -> Checkpoint:
         source=str(folder),
         meta={"quantization": mode, "group_size": group_size, "base": meta["base"]},
     )
+
+
+def save_quantized(
+    path, state: dict[str, torch.Tensor], mode: str, group_size: int = DEFAULT_GROUP_SIZE
+) -> None:
+    from safetensors.torch import save_file
+
+    check_mode(mode)
+    meta = {"msa.quantization": mode, "msa.group_size": str(group_size if mode == "int4" else 0)}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata=meta)
+
+
+def load_quantized(path) -> tuple[dict[str, torch.Tensor], str, int]:
+    """(state, mode, group size) of a file written by `save_quantized`."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("msa.quantization") not in MODES:
+        raise ValueError(f"{path} records no quantization mode in its metadata")
+    return state, meta["msa.quantization"], int(meta["msa.group_size"])

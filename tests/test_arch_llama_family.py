@@ -11,8 +11,9 @@ from conftest import assert_close, exact_kv
 
 from msa.models.attention_settings import AttentionSettings
 from msa.models.int_formats import dequantize_int4, dequantize_int8
-from msa.models.loading import load_model, write_quantized
+from msa.models.loading import load_model
 from msa.models.quantize import quantize_weights
+from msa.models.quantizing import write_quantized
 
 transformers = pytest.importorskip("transformers")
 

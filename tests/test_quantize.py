@@ -17,16 +17,15 @@ from msa.models.quantize import (
     Int8Linear,
     dequantize_int4,
     dequantize_int8,
-    load_quantized,
     quantize_int4,
     quantize_int8,
     quantize_model,
     quantize_weights,
     reference_linear,
-    save_quantized,
     swap_linears,
     unpack_int4,
 )
+from msa.models.quantized_copy import load_quantized, save_quantized
 
 
 @pytest.fixture

@@ -106,7 +106,7 @@ def quantize(
 
     if to not in ("int8", "int4"):
         raise typer.BadParameter(f"{to!r} is not one of int8, int4", param_hint="--to")
-    from msa.models.loading import write_quantized
+    from msa.models.quantizing import write_quantized
 
     from ..engine.paths import registered_models
 
