@@ -7,9 +7,9 @@ block's mean, kv_index.py; the last partial block as stored), a block's score is
 log-probability any query head of the KV group gives one of its tokens (MiniMax-M3's max
 pooling), and the group reads its sink and local blocks and the best-scored blocks between
 them: the plan's `index_topk` of them, or with its `top_p` the fewest whose share of the group's
-attention reaches it (kernels/block_index.py). Every KV head of a layer reads one set, the union
-of its groups' (the attention kernels read one set per step); a chunk's query block reads the
-union over its queries. None of Quest's rules for the question and the answer apply. The index
+attention reaches it (kernels/block_index.py). Each KV head reads its own group's blocks
+(MiniMax-M3's selection per KV group); a chunk's query block reads, per KV head, the union over
+its queries. None of Quest's rules for the question and the answer apply. The index
 scores far blocks at their true distances, and within the trained context they are read there
 (bounded_from at the trained context, as `--selection index` sets it): moved next to the
 question, single needles the index had found were answered wrong (benchmarks/README.md,
@@ -46,8 +46,8 @@ def index_log_probs(q: torch.Tensor, q_pos: torch.Tensor, ctx: ForwardContext, l
 
 
 def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
-    """bool [T, n_blocks]: the blocks each query of q [Hq, T, D] at q_start.. reads in `layer`,
-    for all KV heads (the union of their groups' selections)."""
+    """bool [Hkv, T, n_blocks]: the blocks each KV head reads for each query of q [Hq, T, D] at
+    q_start.. in `layer` (its group's selection)."""
     plan = ctx.plan
     hq, t, d = q.shape
     hkv = ctx.cache.n_kv_heads
@@ -71,33 +71,37 @@ def read_by_index(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int
             top_p=plan.top_p,
             estimated_mass=estimated,
         )  # [Hkv, t', nb]
-        parts.append(read.any(0))
+        parts.append(read)
     width = max(p.shape[-1] for p in parts)  # later parts see more blocks
-    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts])
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts], dim=1)
 
 
 def decode_blocks(q: torch.Tensor, ctx: ForwardContext, layer: int):
-    """The decode query q [Hq, 1, D]'s blocks as msa_decode reads a selection: int32 [Hkv, W]
-    ascending (the same row for every head), how many lie before the local window, how many."""
+    """The decode query q [Hq, 1, D]'s blocks as msa_decode reads a selection: int32 [Hkv, W],
+    each KV head's ascending (-1 after its last), and per KV head, int64 [Hkv], how many lie
+    before the local window and how many there are."""
     plan = ctx.plan
-    read = read_by_index(q, ctx.start, ctx, layer)[0]
-    blocks = read.nonzero().flatten().to(torch.int32)
+    read = read_by_index(q, ctx.start, ctx, layer)[:, 0]  # [Hkv, nb]
     window_first = max(0, ctx.start // plan.block_size - plan.local_blocks + 1)
-    n_far = int((blocks < window_first).sum())
-    idx = blocks[None].expand(ctx.cache.n_kv_heads, -1)
-    return idx, n_far, len(blocks)
+    n_chosen = read.sum(-1)
+    n_far = read[:, :window_first].sum(-1)
+    return _rows(read, int(n_chosen.max())), n_far, n_chosen
 
 
 def chunk_blocks(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
-    """A chunk's selection as msa.py reads it: int32 [Hkv, nq, K] for its query blocks (each the
-    union of its queries'), ascending, -1 padded, the same for every head."""
+    """A chunk's selection as msa.py reads it: int32 [Hkv, nq, K] for its query blocks (each KV
+    head's the union over the block's queries), ascending, -1 padded."""
     block_size = ctx.plan.block_size
-    read = read_by_index(q, q_start, ctx, layer)  # [T, nb]
+    read = read_by_index(q, q_start, ctx, layer)  # [Hkv, T, nb]
     qblock = torch.arange(q_start, q_start + q.shape[1]) // block_size
     qblock = qblock - q_start // block_size
-    rows = [read[qblock == j].any(0).nonzero().flatten() for j in range(int(qblock[-1]) + 1)]
-    width = max(len(r) for r in rows)
-    out = torch.full((ctx.cache.n_kv_heads, len(rows), width), -1, dtype=torch.int32)
-    for j, row in enumerate(rows):
-        out[:, j, : len(row)] = row.to(torch.int32)
-    return out
+    rows = [read[:, qblock == j].any(1) for j in range(int(qblock[-1]) + 1)]  # [Hkv, nb] each
+    width = max(int(r.sum(-1).max()) for r in rows)
+    return torch.stack([_rows(r, width) for r in rows], dim=1)
+
+
+def _rows(read: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 [Hkv, width]: the ids of each row's read blocks [Hkv, nb], ascending, -1 after."""
+    ids = torch.arange(read.shape[-1], dtype=torch.int32).expand_as(read)
+    ordered = torch.where(read, ids, torch.iinfo(torch.int32).max).sort(dim=-1).values[:, :width]
+    return ordered.masked_fill(ordered == torch.iinfo(torch.int32).max, -1)

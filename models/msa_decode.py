@@ -65,18 +65,21 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     ctx.read_blocks(layer, q_start, 1, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)  # [Hkv, W, B, D]
-    if plan.is_bounded(q_start) and n_far:
+    # how many of each row's slots are far blocks and how many are read: one count for every
+    # KV head (Quest's selection) or each its own (the index's), as [Hkv or 1, 1]
+    far, chosen = (torch.as_tensor(n).reshape(-1, 1) for n in (n_far, n_chosen))
+    if plan.is_bounded(q_start) and bool(far.any()):
         window_first = q_start // block_size - plan.local_blocks + 1
         q_per_block = _counter_rotate(
-            qf, idx, n_far, window_first, block_size, ctx.rope
+            qf, idx, far, window_first, block_size, ctx.rope
         )  # [Hkv, W, G, D]
         logits = (q_per_block @ k_sel.mT).transpose(1, 2)  # [Hkv, G, W, B]
     else:
         logits = (qf @ k_sel.view(hkv, width * block_size, d).mT).view(hkv, -1, width, block_size)
-    logits[:, :, n_chosen - 1, q_start % block_size + 1 :] = float(
-        "-inf"
-    )  # the unwritten rest of its own block
-    logits[:, :, n_chosen:] = float("-inf")  # unused slots
+    slot = torch.arange(width)
+    unwritten = torch.arange(block_size) > q_start % block_size  # of its own block, the last slot
+    masked = ((slot == chosen - 1)[..., None] & unwritten) | (slot >= chosen)[..., None]
+    logits.masked_fill_(masked[:, None], float("-inf"))  # and the unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
     if not plan.by_index:
         _follow_the_answer(weights, idx, n_far, ctx, layer)
@@ -282,11 +285,12 @@ def _gather(keys: torch.Tensor, values: torch.Tensor, idx: torch.Tensor, block_s
 
 
 def _counter_rotate(qf, idx, n_far, window_first, block_size, rope):
-    """q rotated back by each slot's move, [Hkv, W, G, D]: far slot j of n_far (block b) moves
-    forward by (window_first - b) - (n_far - j) blocks so the far blocks sit back to back just
-    before the local window (msa._far_block_angles); the other slots do not move. Rotate-half
-    RoPE by -a: q cos a - rotate_half(q) sin a, on the first R channels."""
+    """q rotated back by each slot's move, [Hkv, W, G, D]: far slot j of n_far (block b; n_far
+    [Hkv or 1, 1]) moves forward by (window_first - b) - (n_far - j) blocks so the far blocks sit
+    back to back just before the local window (msa._far_block_angles); the other slots do not
+    move. Rotate-half RoPE by -a: q cos a - rotate_half(q) sin a, on the first R channels."""
     slot = torch.arange(idx.shape[1], device=idx.device)
+    n_far = n_far.to(idx.device)
     shift = torch.where(
         slot < n_far, (window_first - idx.long()) - (n_far - slot), 0
     )  # [Hkv, W] blocks

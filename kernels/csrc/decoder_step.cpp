@@ -906,7 +906,7 @@ class DecoderStack {
     const Settings& s = in.s;
     const auto heads = static_cast<size_t>(n_kv_heads_);
     const int64_t layer = static_cast<int64_t>(li);
-    if (in.by_index) return std::vector<Selection>(heads, index_selection(q, li, in));
+    if (in.by_index) return index_selection(q, li, in);
     if (s.selection_layer && layer > *s.selection_layer && shared) return std::vector<Selection>(heads, *shared);
     const int64_t n_blocks = in.cache.summaries.size(2);
     const float* sums = in.cache.summaries.data_ptr<float>() + layer * n_kv_heads_ * n_blocks * 2 * d_;
@@ -951,9 +951,9 @@ class DecoderStack {
     for (int64_t row = 0; row < rows; ++row) rms_norm(x + row * n, w.data_ptr<float>(), y + row * n, n, eps_);
   }
 
-  // The blocks the token reads in layer li by the stored index (select_index.h), its query heads
+  // The blocks each KV head reads in layer li by the stored index (select_index.h), its query heads
   // q [Hq, D] at their true position.
-  Selection index_selection(const float* q, size_t li, const StepInputs& in) const {
+  std::vector<Selection> index_selection(const float* q, size_t li, const StepInputs& in) const {
     const Settings& s = in.s;
     const at::Tensor& codes = in.index.codes[li];
     const at::Tensor& scales = in.index.scales[li];
@@ -973,7 +973,7 @@ class DecoderStack {
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     const at::Tensor& ks = in.cache.keys[li];
     const int64_t cap = ks.size(1);
-    block_index::Chosen chosen;
+    std::vector<block_index::Chosen> chosen;
     switch (ks.scalar_type()) {
       case at::kHalf:
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<at::Half>(), cap,
@@ -987,9 +987,11 @@ class DecoderStack {
         chosen = block_index::select_by_index(q, n_heads_, n_kv_heads_, d_, scale, view, ks.data_ptr<float>(), cap,
                                               in.pos, budget);
     }
-    Selection sel;
-    sel.blocks = chosen.blocks;
-    sel.n_far = chosen.n_far;
+    std::vector<Selection> sel(chosen.size());
+    for (size_t kvh = 0; kvh < chosen.size(); ++kvh) {
+      sel[kvh].blocks = std::move(chosen[kvh].blocks);
+      sel[kvh].n_far = chosen[kvh].n_far;
+    }
     return sel;
   }
 

@@ -5,7 +5,7 @@
 // the group gives one of its tokens. The group reads its sink and local blocks and, of the blocks
 // between them, the `topk` best scored (ties: the lower block) or, with a top-p share, the fewest
 // best scored whose estimated share of the group's attention (the mean over its heads) reaches it
-// with the forced blocks', at most `topk`. The token reads the union over its KV groups.
+// with the forced blocks', at most `topk`: each KV head reads its own group's blocks.
 #pragma once
 
 #include <algorithm>
@@ -91,7 +91,7 @@ struct Budget {
   double top_p;  // <= 0: a fixed top-k
 };
 
-// The blocks a token reads, ascending, and how many of them lie before its local window.
+// The blocks a KV head reads, ascending, and how many of them lie before its local window.
 struct Chosen {
   std::vector<int64_t> blocks;
   int64_t n_far = 0;
@@ -101,7 +101,7 @@ struct Chosen {
 // (fp32, fp16 or bf16); index: that layer's stored index, covering whole blocks before the
 // token's own.
 template <typename T>
-Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t d, float scale,
+std::vector<Chosen> select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t d, float scale,
                        const IndexView& index, const T* keys, int64_t cap, int64_t pos, const Budget& b) {
   const int64_t n = pos + 1, g = n_heads / n_kv_heads, bs = b.block_size;
   const int64_t own = pos / bs, window_first = std::max<int64_t>(0, own - b.local_blocks + 1);
@@ -132,11 +132,9 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
       }
     }
   });
-  std::vector<char> read(static_cast<size_t>(n_blocks), 0);
-  for (int64_t blk = 0; blk < sink_end; ++blk) read[blk] = 1;
-  for (int64_t blk = window_first; blk <= own; ++blk) read[blk] = 1;
   std::vector<float> score(static_cast<size_t>(n_blocks)), mass(static_cast<size_t>(n_blocks));
   std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(0, window_first - sink_end)));
+  std::vector<Chosen> out(static_cast<size_t>(n_kv_heads));
   for (int64_t kv = 0; kv < n_kv_heads; ++kv) {
     std::fill(score.begin(), score.end(), -std::numeric_limits<float>::infinity());
     std::fill(mass.begin(), mass.end(), 0.f);
@@ -150,20 +148,19 @@ Chosen select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int6
     float held = 0.f;  // the forced blocks' share, then the kept candidates' added
     for (int64_t blk = 0; blk < n_blocks; ++blk)
       if (blk < sink_end || blk >= window_first) held += mass[blk];
-    int64_t kept = 0;
+    std::vector<int64_t>& blocks = out[kv].blocks;
+    for (int64_t blk = 0; blk < sink_end; ++blk) blocks.push_back(blk);
     for (int64_t blk : order) {
-      if (kept == b.topk || !std::isfinite(score[blk]) || (b.top_p > 0 && held >= b.top_p)) break;
-      read[blk] = 1;
+      if (static_cast<int64_t>(blocks.size()) - sink_end == b.topk || !std::isfinite(score[blk]) ||
+          (b.top_p > 0 && held >= b.top_p))
+        break;
+      blocks.push_back(blk);
       held += mass[blk];
-      ++kept;
     }
+    std::sort(blocks.begin(), blocks.end());
+    out[kv].n_far = static_cast<int64_t>(blocks.size());
+    for (int64_t blk = window_first; blk <= own; ++blk) blocks.push_back(blk);
   }
-  Chosen out;
-  for (int64_t blk = 0; blk < n_blocks; ++blk)
-    if (read[blk]) {
-      out.blocks.push_back(blk);
-      if (blk < window_first) ++out.n_far;
-    }
   return out;
 }
 
