@@ -16,6 +16,19 @@ from msa.models.attention import attend
 from msa.models.forward import ForwardContext
 
 
+class BlocksRead:
+    """An attention observer that keeps the blocks each attention call read (`selections`)."""
+
+    def __init__(self):
+        self.selections = []
+
+    def __call__(self, *args):
+        pass
+
+    def blocks_read(self, layer, q_start, count, idx):
+        self.selections.append(idx)
+
+
 def _dense(q, keys, values, q_pos):
     """Plain causal softmax attention, GQA: q [Hq, T, D] at q_pos [T] over keys [Hkv, n, D]."""
     hq, t, d = q.shape
@@ -109,20 +122,12 @@ def test_a_decode_step_reads_the_blocks_its_definition_picks(top_p):
     keys = cache.k[0][:, :n_tokens].float()
     q = torch.randn(4, 1, 16) * 3
     q[0, 0] = keys[0, 100] * 2  # a far token head 0 matches
-    seen = []
-
-    class Observer:
-        def __call__(self, *args):
-            pass
-
-        def blocks_read(self, layer, q_start, count, idx):
-            seen.append(idx)
-
-    ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=Observer())
+    seen = BlocksRead()
+    ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=seen)
     got = attend(q, keys, v, ctx, 0)
     want_blocks = _expected_blocks(q[:, 0], keys, n_tokens - 1, block, 3, top_p)
     assert 100 // block in want_blocks[0]  # head 0's group
-    (idx,) = seen
+    (idx,) = seen.selections
     assert [[b for b in row if b >= 0] for row in idx.tolist()] == want_blocks
     assert want_blocks[0] != want_blocks[1]  # each KV head reads its own
     want = _restricted(q[:, 0], keys, v, n_tokens - 1, want_blocks, block)

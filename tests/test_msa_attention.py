@@ -189,6 +189,7 @@ def test_a_chunk_at_true_positions_reads_exactly_its_blocks(selection):
     """A chunk of sparse queries at true positions, some blocks left out: each query reads the
     tokens of its query block's selection, as stored, up to itself (the kernels' definition:
     dense attention masked to them)."""
+    from test_index_selection import BlocksRead
     from test_msa_decode import _cache
 
     from msa.kernels.sparse_prefill import sparse_prefill_reference
@@ -199,20 +200,12 @@ def test_a_chunk_at_true_positions_reads_exactly_its_blocks(selection):
     cache, rope, _, v = _cache(n_tokens, selection=selection, topk=2, bounded_from=10**9)
     keys = cache.k[0][:, :n_tokens].float()
     q = torch.randn(4, n_tokens - start, 16)
-    seen = []
-
-    class Observer:
-        def __call__(self, *args):
-            pass
-
-        def blocks_read(self, layer, q_start, count, idx):
-            seen.append(idx)
-
+    seen = BlocksRead()
     question = start if selection == "index" else None  # the index selects for a question
     ctx = ForwardContext.open(cache, rope, start, n_tokens - start, question_from=question,
-                              observer=Observer())  # fmt: skip
+                              observer=seen)  # fmt: skip
     got = attend(q, keys, v, ctx, 0)
-    (idx,) = seen
+    (idx,) = seen.selections
     before = torch.arange(start // block, (n_tokens - 1) // block + 1) + 1  # up to its own
     assert bool(((idx >= 0).sum(-1) < before).any())  # blocks were left out
     want, _ = sparse_prefill_reference(q, start, keys, v, idx, block, 16**-0.5)

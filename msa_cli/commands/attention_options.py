@@ -23,9 +23,8 @@ TopkOption = typer.Option(
     None,
     "--topk",
     min=1,
-    help="Blocks MSA selects per step besides the first and the most recent (with --selection "
-    "index: the question's and the answer's, at most, with --mass). [default: the model's, as "
-    "`msa calibrate` measured it, else 24]",
+    help="Blocks MSA selects per step besides the first and the most recent (the most, with "
+    "--mass). [default: the model's, as `msa calibrate` measured it, else 24]",
     rich_help_panel=ATTENTION,
 )
 SelectionOption = typer.Option(
@@ -33,8 +32,7 @@ SelectionOption = typer.Option(
     "--selection",
     help="How a question and its answer choose blocks: quest (block bounds and the answer's "
     "rules) or index (each query's attention over the cache's 4-bit index, max-pooled per "
-    "block; far blocks at their true distances within the model's trained context, scored as "
-    "read next to the recent blocks past it).",
+    "block; far blocks at their true distances within the model's trained context).",
     rich_help_panel=ATTENTION,
 )
 MassOption = typer.Option(
