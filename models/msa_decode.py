@@ -65,21 +65,17 @@ def decode_attend(q: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Ten
     ctx.read_blocks(layer, q_start, 1, idx)
     width = idx.shape[1]
     k_sel, v_sel = _gather(cache.k[layer], cache.v[layer], idx, block_size)  # [Hkv, W, B, D]
-    # how many of each row's slots are far blocks and how many are read: one count for every
-    # KV head (Quest's selection) or each its own (the index's), as [Hkv or 1, 1]
-    far, chosen = (torch.as_tensor(n).reshape(-1, 1) for n in (n_far, n_chosen))
+    # each row's far and read slots: one count for all (Quest's) or one a KV head (the index's)
+    far, chosen = (torch.as_tensor(n).reshape(-1, 1) for n in (n_far, n_chosen))  # [Hkv or 1, 1]
     if plan.is_bounded(q_start) and bool(far.any()):
         window_first = q_start // block_size - plan.local_blocks + 1
-        q_per_block = _counter_rotate(
-            qf, idx, far, window_first, block_size, ctx.rope
-        )  # [Hkv, W, G, D]
+        q_per_block = _counter_rotate(qf, idx, far, window_first, block_size, ctx.rope)
         logits = (q_per_block @ k_sel.mT).transpose(1, 2)  # [Hkv, G, W, B]
     else:
         logits = (qf @ k_sel.view(hkv, width * block_size, d).mT).view(hkv, -1, width, block_size)
-    slot = torch.arange(width)
-    unwritten = torch.arange(block_size) > q_start % block_size  # of its own block, the last slot
+    slot, unwritten = torch.arange(width), torch.arange(block_size) > q_start % block_size
     masked = ((slot == chosen - 1)[..., None] & unwritten) | (slot >= chosen)[..., None]
-    logits.masked_fill_(masked[:, None], float("-inf"))  # and the unused slots
+    logits.masked_fill_(masked[:, None], float("-inf"))  # its own block's rest, unused slots
     weights = torch.softmax(logits.reshape(hkv, -1, width * block_size), dim=-1)  # [Hkv, G, W*B]
     if not plan.by_index:
         _follow_the_answer(weights, idx, n_far, ctx, layer)

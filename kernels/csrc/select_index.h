@@ -97,12 +97,13 @@ struct Chosen {
   int64_t n_far = 0;
 };
 
-// q [Hq, D] fp32 at its true position `pos` (after RoPE); keys: a layer's key store [Hkv, cap, D]
-// (fp32, fp16 or bf16); index: that layer's stored index, covering whole blocks before the
-// token's own.
+// One Chosen per KV head. q [Hq, D] fp32 at its true position `pos` (after RoPE); keys: a layer's
+// key store [Hkv, cap, D] (fp32, fp16 or bf16); index: that layer's stored index, covering whole
+// blocks before the token's own.
 template <typename T>
 std::vector<Chosen> select_by_index(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t d, float scale,
-                       const IndexView& index, const T* keys, int64_t cap, int64_t pos, const Budget& b) {
+                                    const IndexView& index, const T* keys, int64_t cap, int64_t pos,
+                                    const Budget& b) {
   const int64_t n = pos + 1, g = n_heads / n_kv_heads, bs = b.block_size;
   const int64_t own = pos / bs, window_first = std::max<int64_t>(0, own - b.local_blocks + 1);
   const int64_t sink_end = std::min(b.sink_blocks, window_first), n_blocks = own + 1;
