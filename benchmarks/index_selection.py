@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from msa.engine.peaks import fastest_alternating
 from msa.kernels import block_index, index_scores
 
 BLOCK = 64
@@ -52,13 +52,7 @@ def one_layer(shape, n: int, reps: int) -> dict:
             q, codes, scales, means, BLOCK
         ),
     }
-    seconds = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, run in runs.items():  # alternating, so load on the machine falls on each
-            t = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - t)
-    return {name: min(s) for name, s in seconds.items()}
+    return fastest_alternating(runs, reps)
 
 
 def main() -> None:

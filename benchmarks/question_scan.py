@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from unittest import mock
 
 import torch
 
+from msa.engine.peaks import fastest_alternating
 from msa.kernels import block_maxima, exact_peaks, rotary
 from msa.kernels.peaks import peak_probabilities
 from msa.models.layers import RotaryEmbedding
@@ -94,13 +94,7 @@ def one_layer(shape, n: int, question: int, reps: int, matches: int = 1) -> dict
             q, _content_keys(cache, 0, n, BLOCK), BLOCK, blocks=far
         ),
     }
-    seconds = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, run in runs.items():  # alternating, so load on the machine falls on each
-            t = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - t)
-    return {name: min(s) for name, s in seconds.items()}
+    return fastest_alternating(runs, reps)
 
 
 def main() -> None:

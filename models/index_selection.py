@@ -83,9 +83,8 @@ def decode_blocks(q: torch.Tensor, ctx: ForwardContext, layer: int):
     plan = ctx.plan
     read = read_by_index(q, ctx.start, ctx, layer)[:, 0]  # [Hkv, nb]
     window_first = max(0, ctx.start // plan.block_size - plan.local_blocks + 1)
-    n_chosen = read.sum(-1)
     n_far = read[:, :window_first].sum(-1)
-    return _rows(read, int(n_chosen.max())), n_far, n_chosen
+    return block_index.read_ids(read).int(), n_far, read.sum(-1)
 
 
 def chunk_blocks(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int) -> torch.Tensor:
@@ -96,12 +95,4 @@ def chunk_blocks(q: torch.Tensor, q_start: int, ctx: ForwardContext, layer: int)
     qblock = torch.arange(q_start, q_start + q.shape[1]) // block_size
     qblock = qblock - q_start // block_size
     rows = [read[:, qblock == j].any(1) for j in range(int(qblock[-1]) + 1)]  # [Hkv, nb] each
-    width = max(int(r.sum(-1).max()) for r in rows)
-    return torch.stack([_rows(r, width) for r in rows], dim=1)
-
-
-def _rows(read: torch.Tensor, width: int) -> torch.Tensor:
-    """int32 [Hkv, width]: the ids of each row's read blocks [Hkv, nb], ascending, -1 after."""
-    ids = torch.arange(read.shape[-1], dtype=torch.int32).expand_as(read)
-    ordered = torch.where(read, ids, torch.iinfo(torch.int32).max).sort(dim=-1).values[:, :width]
-    return ordered.masked_fill(ordered == torch.iinfo(torch.int32).max, -1)
+    return block_index.read_ids(torch.stack(rows, dim=1)).int()

@@ -35,6 +35,18 @@ def median_seconds(fn, repeats: int) -> float:
     return times[len(times) // 2]
 
 
+def fastest_alternating(runs: dict, repeats: int) -> dict:
+    """The fastest of `repeats` seconds of each of `runs` (name -> function), run in turn so that
+    load on the machine falls on each alike."""
+    seconds = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: min(s) for name, s in seconds.items()}
+
+
 def measure_peaks(
     threads: list[int], *, size: int = 2048, memory_mb: int = 256, repeats: int = 3
 ) -> list[dict]:
