@@ -81,6 +81,7 @@ class StepSettings:
     selection_layer: int | None = None
     windows: tuple[int | None, ...] = ()
     softcap: float | None = None
+    dense_layers: int = 0  # the first layers read every earlier key, sparse or not
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`, None for a global one."""

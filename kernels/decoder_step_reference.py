@@ -89,7 +89,8 @@ def decoder_step_reference(
     [hidden], RMSNorms of the attention's and the MLP's outputs before their residual adds) and
     `act` (SILU, or GELU_TANH: GeGLU). cos, sin: [D], or [2, D] whose second row rotates the
     layers with a window (`settings.windows`), which attend densely to (pos - window, pos].
-    Logits are soft-capped where `settings.softcap` says. An MSA step (pos >=
+    Logits are soft-capped where `settings.softcap` says. The first `settings.dense_layers`
+    layers read every earlier key, sparse or not. An MSA step (pos >=
     settings.sparse_from) needs `summaries` and `inv_freq` [D/2]; `answer_blocks`, per layer,
     are blocks it reads besides its own choice where they lie before its local window.
     `followed`, where given, gets per layer the blocks after the far blocks on whose last token a
@@ -119,7 +120,7 @@ def decoder_step_reference(
             first = max(0, pos - window + 1)
             keys_of = [torch.arange(first, pos + 1)] * n_kv_heads
             k_read = [k_store[g, first : pos + 1].float() for g in range(n_kv_heads)]
-        elif pos < settings.sparse_from:
+        elif pos < settings.sparse_from or layer < settings.dense_layers:
             keys_of = [torch.arange(pos + 1)] * n_kv_heads
             k_read = [k_store[g, : pos + 1].float() for g in range(n_kv_heads)]
         else:
@@ -155,7 +156,7 @@ def decoder_step_reference(
             ]
         )  # [Hq, D]
         far = [[] for _ in range(n_kv_heads)]
-        if window is None and pos >= settings.sparse_from:
+        if window is None and pos >= settings.sparse_from and layer >= settings.dense_layers:
             far = [blocks[:n_far] for blocks, n_far, *_ in chosen]
         b = settings.block_size
         peaks = _far_peaks(weights, keys_of, far, group, b, follow_weight)

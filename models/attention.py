@@ -3,11 +3,12 @@
 It reads the plan of `ctx` (attention_plan.py) and picks, for the queries of one forward:
 - in a local layer (the plan gives it a sliding window), dense attention over the window, for
   every query: MSA selects blocks only in the global layers;
-- dense attention for the queries before `plan.sparse_from`: PyTorch's fused kernel directly
-  (no argument checks per layer), or the bf16 kernel in a prefill chunk of a model whose
-  weights prefill on bf16 products (`ctx.bf16_attention`, kernels/attention_bf16.py; msa.py's
-  chunks take it too); soft-capped logits, which keep the whole model dense, in plain PyTorch
-  (window_attention.py);
+- dense attention for the queries before `plan.sparse_from`, and for a question's and an
+  answer's in the first layers an index plan reads densely (`plan.dense_layers`): PyTorch's
+  fused kernel directly (no argument checks per layer), or the bf16 kernel in a prefill chunk
+  of a model whose weights prefill on bf16 products (`ctx.bf16_attention`,
+  kernels/attention_bf16.py; msa.py's chunks take it too); soft-capped logits, which keep the
+  whole model dense, in plain PyTorch (window_attention.py);
 - one sparse query (a decode step): msa_decode.py's path, the same attention in far fewer ops;
 - a sparse chunk: msa.py's chunked MSA, at true positions before `plan.bounded_from` and with
   far blocks moved to a bounded distance from there on.
@@ -38,6 +39,10 @@ def attend(
     tq = q.shape[1]
     n_dense = plan.n_dense(q_start, tq)
     window = plan.window(layer)
+    # a question's chunk or an answer's step, in the first layers under the index: densely
+    selects = tq == 1 or ctx.in_question(q_start)
+    if selects and layer < plan.dense_layers(q_start + tq - 1):
+        n_dense = tq
     if window is not None or n_dense == tq:
         cache.load_tokens(layer, window_start(q_start, window), q_start + tq)
         return dense_window_attention(

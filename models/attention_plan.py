@@ -74,6 +74,7 @@ class AttentionPlan:
     selection: str = "quest"
     top_p: float | None = None
     index_topk: int | None = None  # the index's top-k, or its mass budget's cap (None: topk)
+    index_dense_layers: int = 0  # the first layers the index's queries read densely (in context)
 
     def __post_init__(self):
         if self.index_topk is None:
@@ -102,12 +103,19 @@ class AttentionPlan:
             selection=settings.selection,
             top_p=settings.top_p,
             index_topk=settings.index_topk,
+            index_dense_layers=settings.index_dense_layers,
         )
 
     @property
     def by_index(self) -> bool:
         """Whether the question's chunks and the answer's steps select by the index."""
         return self.selection == "index"
+
+    def dense_layers(self, position: int) -> int:
+        """How many of the first layers a query at `position` that selects by the index (a
+        question's or an answer's) reads densely: within the trained context, the plan's
+        `index_dense_layers`; past it none, whose keys would sit at distances never trained."""
+        return self.index_dense_layers if self.by_index and position < self.bounded_from else 0
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a local `layer`, or None for a global one."""

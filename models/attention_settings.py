@@ -10,7 +10,12 @@ MODES = ("auto", "dense", "msa")
 # summaries with the answer's rules (msa.py, msa_decode.py); "index", each query's own
 # attention over every key, max-pooled per block and KV group (index_selection.py)
 SELECTIONS = ("quest", "index")
+# the first layers that read densely under the index, within the trained context (benchmarks/
+# README.md, "The stored index": the first layer alone held under 0.8 of dense attention)
+INDEX_DENSE_LAYERS = 1
 MODEL = "model"  # selection_layer: the model's own choice (msa_defaults.py)
+# settings only the question's and the answer's queries read: not in the cache identity
+QUESTION_ONLY = ("selection_layer", "selection", "top_p", "index_topk", "index_dense_layers")
 KV_DTYPES = ("fp16", "bf16", "fp32", "int8")
 DEFAULT_KV_DTYPE = "fp16"
 # older spellings still accepted: "auto" kept K/V in the compute dtype before fp16 became the
@@ -50,8 +55,10 @@ class AttentionSettings:
     `selection`: how a question's chunks and the answer's decode steps choose blocks (SELECTIONS);
     with "index", they read `index_topk` blocks (None: `topk`), or with `top_p` the fewest of the
     ranked blocks whose share of the KV group's attention reaches it with the sink's and the
-    local window's, at most `index_topk`. A document's chunks always select by Quest's bound
-    with `topk`, so none of the three is in the cache identity.
+    local window's, at most `index_topk`; in the first `index_dense_layers` layers they attend
+    densely within the trained context (as MiniMax-M3 keeps its first layers dense: there
+    attention is spread too thin for a few blocks to hold it). A document's chunks always select
+    by Quest's bound with `topk`, so none of the four is in the cache identity.
 
     `kv_dtype`: how keys and values are stored, in memory, in spill files and in the prefix
     cache: "fp16" (the default, as llama.cpp's cache), "bf16" or "fp32", each row rounded once
@@ -73,6 +80,7 @@ class AttentionSettings:
     selection: str = "quest"
     top_p: float | None = None
     index_topk: int | None = None
+    index_dense_layers: int = INDEX_DENSE_LAYERS
 
     def __post_init__(self):
         # frozen: the alias is resolved in place, so the identity never says "auto"
@@ -100,8 +108,11 @@ class AttentionSettings:
             any(k is not None and k < 1 for k in (self.topk, self.index_topk))
             or self.local_blocks < 1
             or self.sink_blocks < 0
+            or self.index_dense_layers < 0
         ):
-            raise ValueError("topk and local_blocks must be at least 1, sink_blocks at least 0")
+            raise ValueError(
+                "topk and local_blocks must be at least 1, sink_blocks and dense layers at least 0"
+            )
 
     @property
     def sparse_from(self) -> float:
@@ -111,7 +122,7 @@ class AttentionSettings:
     def identity(self) -> dict:
         """What of these settings shapes K/V: part of every prefix-cache key."""
         d = asdict(self)
-        for question_only in ("selection_layer", "selection", "top_p", "index_topk"):  # see above
+        for question_only in QUESTION_ONLY:  # see above
             d.pop(question_only)
         if self.mode == "dense":
             return {"mode": "dense", "block_size": self.block_size, "kv_dtype": self.kv_dtype}

@@ -104,8 +104,8 @@ def layer_spec(
     return spec
 
 
-def step_settings(plan: AttentionPlan) -> kernel.StepSettings:
-    """The plan as the kernel reads it."""
+def step_settings(plan: AttentionPlan, pos: int) -> kernel.StepSettings:
+    """The plan as the kernel reads it for the token at `pos`."""
     return kernel.StepSettings(
         sparse_from=kernel.never(plan.sparse_from),
         bounded_from=kernel.never(plan.bounded_from),
@@ -116,6 +116,7 @@ def step_settings(plan: AttentionPlan) -> kernel.StepSettings:
         selection_layer=plan.selection_layer,
         windows=plan.windows,
         softcap=plan.softcap,
+        dense_layers=plan.dense_layers(pos),
     )
 
 
@@ -163,12 +164,12 @@ class FusedDecode:
         gets its K/V and advances by one."""
         pos, plan = cache.length, cache.plan
         cache.reserve(pos + 1)
-        settings = step_settings(plan)
+        settings = step_settings(plan, pos)
         scales = (cache.k_scale, cache.v_scale)  # int8 K/V's; empty lists otherwise
         sparse = plan.is_sparse(pos)
         for layer in range(cache.n_layers):  # restored blocks not read yet: what reads them densely
             window = plan.window(layer)
-            if window is not None or not sparse:
+            if window is not None or not sparse or layer < settings.dense_layers:
                 cache.load_tokens(layer, window_start(pos, window), pos)
         if not sparse:
             self.step.step(x, cache.k, cache.v, pos, cos, sin, settings, scales=scales)
@@ -181,7 +182,11 @@ class FusedDecode:
             scales=scales,
         )
         # the layers that select blocks (a local layer reads its window)
-        selecting = [layer for layer in range(cache.n_layers) if plan.window(layer) is None]
+        selecting = [
+            layer
+            for layer in range(cache.n_layers)
+            if plan.window(layer) is None and layer >= settings.dense_layers
+        ]
         if plan.by_index:  # the full blocks before the token's own, indexed
             indexed = pos - pos % plan.block_size
             index = cache.index_stores(indexed, selecting)

@@ -228,3 +228,17 @@ def test_installed_bash_completion_completes_commands_and_options(tmp_path):
     assert complete("msa", "mo") == ["models"]
     assert complete("msa", "ask", "--mo") == ["--model"]
     assert complete("msa", "models", "r") == ["rm"]
+
+
+def test_verbose_names_the_index_plan(embedded):
+    """`-v` under `--selection index --mass 0.98 --topk 64`: the index's own budget (not the
+    model's top-k for the document) and its dense first layer."""
+    from msa.commands.attention_options import attention_settings
+    from msa.commands.local import _model_line
+
+    settings = attention_settings("auto", 64, None, 1, "fp16", selection="index", mass=0.98)
+    line = _model_line(embedded, 0.1, 2, settings)
+    assert (
+        "attention auto, selection by the 4-bit index (0.98 of the attention, at most 64 blocks, "
+        "the first layer dense, far blocks at true distances within the model's context), "
+    ) in line

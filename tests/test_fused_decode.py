@@ -83,6 +83,10 @@ SETTINGS = [
     ),  # true distances inside 4K
     AttentionSettings(mode="msa", topk=2, bounded_from=None, selection="index", kv_dtype="fp32"),
     AttentionSettings(
+        mode="msa", topk=2, bounded_from=None, selection="index", index_dense_layers=0,
+        kv_dtype="fp32",
+    ),  # fmt: skip
+    AttentionSettings(
         mode="msa", topk=4, bounded_from=None, selection="index", top_p=0.6, kv_dtype="fp32"
     ),
     # far blocks read back to back from position 170 on
@@ -111,6 +115,7 @@ def count_kernel_steps(monkeypatch) -> list[int]:
         "msa-per-layer",
         "msa-true-distance",
         "index",
+        "index-every-layer-selects",
         "index-mass",
         "index-bounded",
     ],

@@ -135,3 +135,32 @@ def test_a_decode_step_reads_the_blocks_its_definition_picks(top_p):
     if top_p is None:
         assert all(len(b) == 2 + 3 for b in want_blocks)  # sink, own, its group's top-k
     assert not math.isnan(float(got.sum()))
+
+
+@pytest.mark.parametrize("bounded_from,dense", [(10**6, True), (250, False)])
+def test_the_first_layers_read_densely_within_the_trained_context(bounded_from, dense):
+    """Under the index the first `index_dense_layers` layers read every key for an answer's step
+    and a question's chunk, while their keys sit at trained distances (before `bounded_from`);
+    past it they select like the layers after them, and a document's chunk never reads densely."""
+    n_tokens = 300
+    cache, rope, _, v = _cache(
+        n_tokens, n_layers=2, selection="index", topk=2, index_dense_layers=1,
+        bounded_from=bounded_from,
+    )  # fmt: skip
+    for layer, reads_densely in ((0, dense), (1, False)):
+        keys = cache.k[layer][:, :n_tokens].float()
+        q = torch.randn(4, 1, 16)
+        seen = BlocksRead()
+        ctx = ForwardContext.open(cache, rope, n_tokens - 1, 1, observer=seen)
+        got = attend(q, keys, v, ctx, layer)
+        assert (seen.selections == []) == reads_densely
+        if reads_densely:
+            assert_close(got, _dense(q, keys, v, [n_tokens - 1]), atol=1e-5, rtol=1e-4)
+        start = n_tokens - 40  # a question's chunk, then a document's
+        for question_from, chunk_dense in ((start, reads_densely), (None, False)):
+            seen = BlocksRead()
+            ctx = ForwardContext.open(
+                cache, rope, start, 40, question_from=question_from, observer=seen
+            )
+            got = attend(torch.randn(4, 40, 16), keys, v, ctx, layer)
+            assert (seen.selections == []) == chunk_dense

@@ -224,6 +224,7 @@ MSA_CASES = [
     ds.StepSettings(16, ds.NEVER, 8, 3, 1, 1, 1),  # far blocks at their true distances
     ds.StepSettings(0, 64, 16, 2, 2, 0, 1),  # no sink, two local blocks, bounded from 64
     ds.StepSettings(0, 0, 8, 40, 1, 1, 1),  # top-k takes every candidate: dense
+    ds.StepSettings(0, 0, 8, 3, 1, 1, None, dense_layers=1),  # the first layer reads densely
 ]
 
 

@@ -44,12 +44,15 @@ def _cache(
     """A cache holding n_tokens of rotated keys (the query's own included) in each layer, with
     the last layer's pre-rotation keys for the reference (`constant_keys`: every cached key all
     ones, and blocks scored as stored, so that they tie exactly). Only layer 0 selects its own
-    blocks unless `selection_layer` is given."""
+    blocks unless `selection_layer` is given; under the index it selects too unless
+    `index_dense_layers` is given."""
     torch.manual_seed(seed)
     rope = RotaryEmbedding(d, 10000.0)
     # fp32 K/V: the references below compute on the keys before they were stored
     s = AttentionSettings(
-        mode="msa", block_size=block, **{"selection_layer": None, "kv_dtype": "fp32", **settings}
+        mode="msa",
+        block_size=block,
+        **{"selection_layer": None, "kv_dtype": "fp32", "index_dense_layers": 0, **settings},
     )
     cache = KVCache(
         n_layers,
@@ -282,9 +285,12 @@ def test_layers_after_the_selection_layer_read_its_heads_best_blocks_in_turn():
         )
 
 
-def test_the_selection_layer_stays_out_of_the_cache_identity():
-    """Only decode steps share a selection, and their K/V are never part of a cached document."""
+def test_the_question_only_settings_stay_out_of_the_cache_identity():
+    """Only a question's and an answer's queries share a selection or read by the index, and
+    their K/V are never part of a cached document."""
     assert AttentionSettings(selection_layer=None).identity() == AttentionSettings().identity()
+    index = AttentionSettings(selection="index", top_p=0.9, index_topk=8, index_dense_layers=3)
+    assert index.identity() == AttentionSettings().identity()
     assert AttentionSettings(topk=4).identity() != AttentionSettings().identity()
     with pytest.raises(ValueError, match="selection layer"):
         AttentionSettings(selection_layer=-1)

@@ -137,9 +137,11 @@ constexpr int64_t NEVER = int64_t{1} << 62;  // a position no input reaches (dec
 // How the cache's attention reads it: decoder_step.py's StepSettings (msa.models' AttentionPlan
 // resolved for a cache), field by field. selection_layer: the layer whose blocks the layers after
 // it read (none: each selects its own); windows: per layer, its sliding window (none, or past the
-// list: a global layer); softcap: of the attention logits (none: not capped).
+// list: a global layer); softcap: of the attention logits (none: not capped); dense_layers: the
+// first layers, which read every earlier key whatever the position.
 struct Settings {
   int64_t sparse_from = NEVER, bounded_from = NEVER, block_size = 64, topk = 8, local_blocks = 1, sink_blocks = 1;
+  int64_t dense_layers = 0;
   std::optional<int64_t> selection_layer;
   std::vector<std::optional<int64_t>> windows;
   std::optional<double> softcap;
@@ -824,7 +826,7 @@ class DecoderStack {
     const at::Tensor& vs = in.cache.values[li];
     const float scale = 1.f / std::sqrt(static_cast<float>(d_));
     const double* inv_freq = inv_freq_.data_ptr<double>();
-    if (!in.sparse || window > 0) {
+    if (!in.sparse || window > 0 || static_cast<int64_t>(li) < in.s.dense_layers) {
       const int64_t from = window > 0 ? std::max<int64_t>(0, in.pos - window + 1) : 0;
       const std::vector<std::vector<Segment>> segs(static_cast<size_t>(n_kv_heads_),
                                                    dense_segments(from, in.pos + 1, in.s.block_size));
@@ -1014,7 +1016,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("sink_blocks", &Settings::sink_blocks)
       .def_readwrite("selection_layer", &Settings::selection_layer)
       .def_readwrite("windows", &Settings::windows)
-      .def_readwrite("softcap", &Settings::softcap);
+      .def_readwrite("softcap", &Settings::softcap)
+      .def_readwrite("dense_layers", &Settings::dense_layers);
   py::class_<Cache>(m, "Cache")
       .def(py::init<>())
       .def_readwrite("keys", &Cache::keys)

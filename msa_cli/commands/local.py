@@ -36,6 +36,11 @@ def _built(loaded) -> str:
     return f", after building its C++ kernels in {loaded.build_s:.1f} s" if loaded.build_s else ""
 
 
+def _dense_layers(n: int) -> str:
+    """`, the first 2 layers dense` (nothing for none)."""
+    return f", the first {n} layers dense" if n > 1 else ", the first layer dense" if n else ""
+
+
 def _model_line(loaded, load_s: float, n_threads: int, attention, built: str = "") -> str:
     """--verbose: which model, from where, and the settings that shape reading (`built`: the
     load's kernel builds, `_built`)."""
@@ -54,7 +59,9 @@ def _model_line(loaded, load_s: float, n_threads: int, attention, built: str = "
         if attention.selection == "quest"
         else "selection by the 4-bit index ("
         + (f"{attention.top_p:g} of the attention, " if attention.top_p is not None else "")
-        + f"at most {attention.topk} blocks, far blocks at true distances)"
+        + f"at most {attention.index_topk or attention.topk} blocks"
+        + _dense_layers(attention.index_dense_layers)
+        + ", far blocks at true distances within the model's context)"
     )
     mode = attention.mode
     dense_reason = always_dense_reason(loaded.model.model_attention())
