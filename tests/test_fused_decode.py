@@ -83,7 +83,11 @@ SETTINGS = [
     ),  # true distances inside 4K
     AttentionSettings(mode="msa", topk=2, bounded_from=None, selection="index", kv_dtype="fp32"),
     AttentionSettings(
-        mode="msa", topk=2, bounded_from=None, selection="index", index_dense_layers=0,
+        mode="msa",
+        topk=2,
+        bounded_from=None,
+        selection="index",
+        index_dense_layers=0,
         kv_dtype="fp32",
     ),  # fmt: skip
     AttentionSettings(
