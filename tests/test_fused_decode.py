@@ -89,7 +89,7 @@ SETTINGS = [
         selection="index",
         index_dense_layers=0,
         kv_dtype="fp32",
-    ),  # fmt: skip
+    ),
     AttentionSettings(
         mode="msa", topk=4, bounded_from=None, selection="index", top_p=0.6, kv_dtype="fp32"
     ),
