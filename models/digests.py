@@ -26,6 +26,12 @@ def memo_dir(converted_root: Path | None) -> Path | None:
     return None if converted_root is None else Path(converted_root) / "digests"
 
 
+def memo_file(memo_dir: Path, path: Path) -> Path:
+    """Where the digest of the file at `path` is remembered (by the path it resolves to)."""
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
+    return Path(memo_dir) / f"{key}.json"
+
+
 def file_digest(path: Path, memo_dir: Path | None = None) -> str:
     """Hex SHA-256 of the file at `path`, read from `memo_dir` when the file is unchanged."""
     path = Path(path)
@@ -39,7 +45,7 @@ def file_digest(path: Path, memo_dir: Path | None = None) -> str:
         "mtime_ns": stat.st_mtime_ns,
         "ctime_ns": stat.st_ctime_ns,
     }
-    memo = Path(memo_dir) / f"{hashlib.sha256(stamp['path'].encode()).hexdigest()[:32]}.json"
+    memo = memo_file(memo_dir, path)
     with contextlib.suppress(OSError, ValueError, AttributeError):  # no memo, or a damaged one
         known = json.loads(memo.read_text())
         if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):

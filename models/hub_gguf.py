@@ -5,7 +5,8 @@ A reference is `owner/repo:QUANT`, `owner/repo/path/file.gguf` or `owner/repo` (
 default: its Q4_K_M file, else its first). A file's quant type is the one its name carries
 (`...-Q4_K_M.gguf`, `...-UD-Q4_K_XL.gguf`, `....Q8_0.gguf`), compared without regard to case;
 the parts of a split file (`-00001-of-0000N.gguf`) are one file. `msa pull` chooses among a
-repository's listing; --model among the files a pull left in the hub cache.
+repository's listing; --model among the files a pull left in the hub cache, and `msa models rm`
+the ones it deletes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
-from .gguf_split import split_name
+from .gguf_split import part_name, split_name
 
 DEFAULT_QUANT = "Q4_K_M"
 _REPO = r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
@@ -162,13 +163,47 @@ def local_gguf(ref: GgufRef, repo_folder: Path) -> Path | None:
     """The first part of the file `ref` names, in the newest snapshot of `repo_folder` (the hub
     cache's folder of the repository) that holds every part of it; None if none does. The hub
     cache links a file into a snapshot only once it is complete."""
-    snapshots = repo_folder / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    for snapshot in sorted(snapshots.iterdir(), key=lambda d: d.stat().st_mtime, reverse=True):
-        listing = {
-            p.relative_to(snapshot).as_posix(): 0 for p in snapshot.rglob("*.gguf") if p.is_file()
-        }
-        if chosen := find(gguf_files(listing), ref):
+    for snapshot in _snapshots(repo_folder):
+        if chosen := find(gguf_files(_listing(snapshot)), ref):
             return snapshot / chosen.path
     return None
+
+
+def local_files(repo_folder: Path) -> list[GgufFile]:
+    """The GGUF files that every snapshot of `repo_folder` holds whole, newest snapshot first."""
+    return [f for snapshot in _snapshots(repo_folder) for f in gguf_files(_listing(snapshot))]
+
+
+def pulled_parts(ref: GgufRef, repo_folder: Path) -> list[list[Path]]:
+    """The parts of the file `ref` names in each snapshot of `repo_folder` that holds any of
+    them, newest snapshot first: what `msa models rm` deletes. A split file with parts missing
+    (a pull or a removal that was interrupted) counts, with the parts it has."""
+    found = []
+    for snapshot in _snapshots(repo_folder):
+        listing = _listing(snapshot, links=True)
+        for path in list(listing):
+            folder, _, name = path.rpartition("/")
+            if named := split_name(name):  # its missing parts too (-1), so the file is found
+                prefix, _, count = named
+                for no in range(1, count + 1):
+                    part = f"{folder}/{part_name(prefix, no, count)}".lstrip("/")
+                    listing.setdefault(part, -1)
+        if chosen := find(gguf_files(listing), ref):
+            found.append([snapshot / p for p in chosen.parts if listing[p] == 0])
+    return found
+
+
+def _snapshots(repo_folder: Path) -> list[Path]:
+    snapshots = repo_folder / "snapshots"
+    if not snapshots.is_dir():
+        return []
+    return sorted(snapshots.iterdir(), key=lambda d: d.stat().st_mtime, reverse=True)
+
+
+def _listing(snapshot: Path, *, links: bool = False) -> dict[str, int]:
+    """The .gguf files of `snapshot`, path -> 0; with `links`, also links to blobs that are gone."""
+    return {
+        p.relative_to(snapshot).as_posix(): 0
+        for p in snapshot.rglob("*.gguf")
+        if p.is_file() or (links and p.is_symlink())
+    }

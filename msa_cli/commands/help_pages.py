@@ -57,7 +57,10 @@ EXAMPLES: dict[str, list[str]] = {
     "cache prune": ["msa cache prune --max-size 2G"],
     "cache clear": ["msa cache clear"],
     "models": ["msa models", "msa models --recommend --doc book.pdf"],
-    "models rm": ["msa models rm HuggingFaceTB/SmolLM2-360M-Instruct"],
+    "models rm": [
+        "msa models rm Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M",
+        "msa models rm HuggingFaceTB/SmolLM2-360M-Instruct",
+    ],
 }
 
 

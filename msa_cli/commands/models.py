@@ -65,14 +65,19 @@ def models_rm(
     name: str = typer.Argument(
         ...,
         metavar="NAME",
-        help="A pulled model (registry name or hub id owner/name), a registered local file "
-        "(forgotten, the file kept), or a model whose GGUF file msa converted (name or .gguf "
-        "path).",
+        help="A pulled model (registry name, or hub id owner/name: the whole repository), a GGUF "
+        "pulled by quant (owner/name:QUANT or owner/name/file.gguf: that file, the repository's "
+        "other quants kept), a registered local file (forgotten, the file kept), or a model "
+        "whose GGUF file msa converted (name or .gguf path).",
     ),
     cache_dir: str | None = CacheDirOption,
 ):
     """Delete a pulled model's files, or the converted copy msa keeps of a GGUF model; forget a
-    registered local file (the file itself is kept)."""
+    registered local file (the file itself is kept).
+
+    NAME is the name `msa pull` took: owner/name:QUANT deletes that one GGUF file from the hub
+    cache (every part of a split one), with the copies msa made from it under --cache-dir. A
+    name with nothing pulled or converted exits with code 4."""
     from ..engine.paths import cache_dir as resolve_cache_dir
     from ..engine.paths import converted_models_dir, registered_models_index
     from ..engine.prefix_cache import format_size
