@@ -124,7 +124,8 @@ def remove_model(name: str, converted_root: Path, registered_index: Path) -> lis
     if source is not None and converted_root.is_dir():
         copies += _converted_copies(converted_root, {source})
     targets += [(folder, "converted copy") for folder in dict.fromkeys(copies)]
-    if pulled or whole:
+    from_hub = bool(pulled) or whole  # a repository, or one GGUF file of it
+    if from_hub:
         targets.append((repo, "hub download"))
     if not targets:
         known = name in KNOWN_MODELS or hub_id is not None or source is not None
@@ -156,7 +157,7 @@ def remove_model(name: str, converted_root: Path, registered_index: Path) -> lis
             removed.append(Removed(folder, what, size))
     if pulled and not holds_files(repo):  # its last file: the repository's folder goes too
         _delete(repo)
-    if repo is not None and (repo, "hub download") in targets and not repo.exists():
+    if from_hub and not repo.exists():
         shutil.rmtree(hub_cache_root() / ".locks" / repo.name, ignore_errors=True)
     return removed
 
